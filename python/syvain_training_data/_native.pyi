@@ -1,0 +1,73 @@
+"""Stubs for the Rust extension `syvain_training_data._native` (checked by mypy.stubtest)."""
+
+from collections.abc import Iterator
+from types import TracebackType
+from typing import final
+
+READAHEAD_BYTES: int
+
+@final
+class NativeStorage:
+    def __new__(
+        cls,
+        *,
+        s3_base_url: str | None = None,
+        region: str = "us-east-1",
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        virtual_hosted_style_request: bool = False,
+    ) -> NativeStorage: ...
+    def get(self, uri: str) -> bytes: ...
+    def head(self, uri: str) -> tuple[int, str]: ...
+    def put(
+        self,
+        uri: str,
+        data: bytes,
+        *,
+        content_type: str | None = None,
+        metadata: dict[str, str] | None = None,
+        create_only: bool = False,
+    ) -> tuple[int, str]: ...
+    def delete(self, uri: str) -> None: ...
+    def list(self, prefix_uri: str) -> list[tuple[str, int, str]]: ...
+    def open_stream(
+        self, uri: str, size_bytes: int, *, etag: str | None = None, start: int = 0
+    ) -> ObjectStream: ...
+
+@final
+class ObjectStream:
+    def read_chunk(self) -> bytes | None: ...
+    def read(self, size: int = -1) -> bytes: ...
+    def __iter__(self) -> Iterator[bytes]: ...
+    def __next__(self) -> bytes: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> ObjectStream: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+    @property
+    def uri(self) -> str | None: ...
+    @property
+    def size(self) -> int | None: ...
+    @property
+    def position(self) -> int | None: ...
+    @property
+    def buffered_bytes(self) -> int | None: ...
+    @property
+    def resumes(self) -> int | None: ...
+
+def set_storage_policy(
+    *,
+    max_attempts: int,
+    window_s: float,
+    backoff_base_s: float,
+    backoff_cap_s: float,
+    connect_timeout_s: float,
+    read_inactivity_timeout_s: float,
+    request_timeout_s: float,
+    stream_response_deadline_s: float,
+) -> None: ...
+def get_storage_policy() -> dict[str, float]: ...

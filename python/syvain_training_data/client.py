@@ -1,0 +1,99 @@
+"""`SyvainTrainingData`: the client that reads and writes manifests (and, later, datasets)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from pydantic import SecretStr, ValidationError
+
+from syvain_training_data.manifest import (
+    DataManifest,
+    canonical_manifest_bytes,
+    parse_manifest,
+    validate_manifest,
+)
+from syvain_training_data.storage import StorageConfig, get_object, native_storage, put_object
+
+__all__ = ["SyvainTrainingData"]
+
+
+class SyvainTrainingData:
+    """Client for one S3-compatible endpoint; file:///absolute/path URIs need no endpoint.
+
+    ``SyvainTrainingData()`` with no arguments works with the local directory store only.
+    Raises ValueError at once for an invalid ``s3_base_url``. The secret never appears in the
+    client's ``repr``, in logs or in error messages.
+    """
+
+    def __init__(
+        self,
+        *,
+        s3_base_url: str | None = None,
+        region: str = "us-east-1",
+        access_key_id: str | None = None,
+        secret_access_key: str | SecretStr | None = None,
+        virtual_hosted_style_request: bool = False,
+    ) -> None:
+        self._storage_config = StorageConfig.create(
+            s3_base_url=s3_base_url,
+            region=region,
+            access_key_id=access_key_id,
+            secret_access_key=secret_access_key,
+            virtual_hosted_style_request=virtual_hosted_style_request,
+        )
+        native_storage(self._storage_config)  # validates the endpoint now, not on first use
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> SyvainTrainingData:
+        """A client from the standard AWS variables: AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL,
+        AWS_REGION or AWS_DEFAULT_REGION (default us-east-1), AWS_ACCESS_KEY_ID,
+        AWS_SECRET_ACCESS_KEY."""
+        env = os.environ if environ is None else environ
+        return cls(
+            s3_base_url=env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None,
+            region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
+            access_key_id=env.get("AWS_ACCESS_KEY_ID") or None,
+            secret_access_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
+        )
+
+    @property
+    def storage_config(self) -> StorageConfig:
+        return self._storage_config
+
+    def __repr__(self) -> str:
+        config = self._storage_config
+        return (
+            f"SyvainTrainingData(s3_base_url={config.s3_base_url!r}, region={config.region!r}, "
+            f"access_key_id={config.access_key_id!r}, secret_access_key="
+            f"{'***' if config.secret_access_key else None}, "
+            f"virtual_hosted_style_request={config.virtual_hosted_style_request!r})"
+        )
+
+    def load_manifest(self, uri: str) -> DataManifest:
+        """Reads and validates a manifest.
+
+        Raises FileNotFoundError (no such object), PermissionError, ValueError (not UTF-8, not
+        JSON, invalid shape: the message says which and names the URI).
+        """
+        return parse_manifest(get_object(uri, storage_config=self._storage_config), uri)
+
+    def save_manifest(
+        self, uri: str, manifest: DataManifest | Mapping[str, object]
+    ) -> DataManifest:
+        """Validates and writes a manifest as its canonical bytes (Content-Type
+        application/json), replacing any object at ``uri``. Returns the validated manifest.
+
+        Raises ValueError ("Data manifest has invalid shape: {uri}") for an invalid mapping.
+        """
+        try:
+            validated = validate_manifest(manifest)
+        except ValidationError as error:
+            raise ValueError(f"Data manifest has invalid shape: {uri}\n{error}") from error
+        put_object(
+            uri,
+            canonical_manifest_bytes(validated),
+            storage_config=self._storage_config,
+            content_type="application/json",
+        )
+        return validated

@@ -1,0 +1,516 @@
+"""Data manifest v1: the pydantic contract of SPEC section 2.
+
+A data manifest is a JSON object naming every shard of a published dataset::
+
+    {
+      "version": 1,
+      "data_format": "jsonl.gz",
+      "splits": {
+        "train": {
+          "records": 3,
+          "shards": [{"uri": "s3://b/k", "records": 3, "size_bytes": 10, "etag": ""}],
+          "curriculum": {}
+        }
+      }
+    }
+
+All models are strict (no coercion: ``"1"``, ``1.0`` and ``True`` are not integers), frozen
+(attribute assignment raises) and forbid unknown fields.  Fields keep the order SPEC lists,
+which is also their order in the canonical bytes (:func:`canonical_manifest_bytes`).
+
+Rules, each enforced at validation time:
+
+- ``version`` is the integer 1; ``data_format`` is one of :data:`DATA_FORMATS`.
+- ``splits`` holds at least one split; split and curriculum stage names are non-empty.
+- Every ``records`` and ``size_bytes`` is an integer > 0; every ``shards`` list holds at least
+  one shard; a split's and a stage's ``records`` equal the sum of their shards' records.
+- A shard URI is ``s3://bucket/key`` (bucket and key non-empty) or ``file:///absolute/path``
+  (the local directory store of SPEC section 4; something must follow the root slash).  Schemes
+  are lower case; ``file:/path`` and ``file://host/path`` are rejected.
+
+Decisions taken where SPEC is silent:
+
+- **Stages are subsets of their split.** SPEC says a split's ``shards`` list holds every shard
+  of the split, those of its stages included.  So every shard a curriculum stage lists must
+  also be in its split's ``shards`` list, with the same ``records``, ``size_bytes`` and ``etag``
+  (a URI names one immutable object, so two descriptions of it must agree).  Stages may overlap.
+  The check compares whole shards, so a stage shard that differs only in its etag is rejected.
+- **No repeated shard URIs within one shards list.** A URI names one object; the saver never
+  writes a repeat and the loader de-duplicates URIs, so a repeat is rejected rather than read
+  twice.  The same URI may appear in several stages, and in several splits.
+- **Metadata is finite, encodable JSON.** :data:`JsonValue` is ``None``, ``bool``, ``int``, a
+  finite ``float``, ``str``, ``list`` or ``dict`` with ``str`` keys, by exact type (subclasses
+  such as enums, and tuples or other mappings, are rejected).  NaN and infinities are rejected:
+  strict JSON has no token for them and pydantic would dump them as ``null``, so a manifest
+  holding one could not round-trip through its canonical bytes.  For the same reason every
+  string in a manifest (names, URIs, etags, metadata keys and values) must be encodable as
+  UTF-8: a lone surrogate, which a ``"\\ud800"`` JSON escape can produce, is rejected.
+- **Integers have at most 4300 digits**, Python's default limit for converting between int and
+  str (``sys.int_info.default_max_str_digits``): ``json.loads`` could not read a longer one
+  back from the canonical bytes.
+- **Nesting is bounded.** A stage's ``metadata`` may nest at most
+  :data:`MAX_METADATA_DEPTH` (123) objects and arrays deep, the metadata object itself
+  included, so a whole manifest nests at most 128 deep: the default limit of common strict
+  parsers (serde_json), and well inside what pydantic can serialize (about 250).
+- **JSON text is parsed strictly.** :func:`parse_manifest` rejects, as not valid JSON, the
+  ``NaN`` / ``Infinity`` / ``-Infinity`` tokens, numbers that overflow a float (``1e400``),
+  duplicate keys in one object (ambiguous; the canonical bytes never contain them), a UTF-8
+  byte order mark, and nesting too deep for the parser.  JSON floats (``1.5``, ``1e3``) are of
+  course accepted in metadata; they are not accepted where an integer is required.
+- Split and stage names are only required to be non-empty: whitespace is kept as written.
+- Frozen means attribute assignment raises; the ``dict`` and ``list`` values inside a model
+  are ordinary containers and must not be mutated.  :func:`validate_manifest` re-validates an
+  existing model from scratch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, Self, get_args
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+__all__ = [
+    "DATA_FORMATS",
+    "MAX_METADATA_DEPTH",
+    "DataManifest",
+    "DataManifestDataFormat",
+    "JsonObject",
+    "JsonValue",
+    "ManifestCurriculumStage",
+    "ManifestDatasetEntry",
+    "ManifestShard",
+    "canonical_manifest_bytes",
+    "parse_manifest",
+    "validate_manifest",
+]
+
+DataManifestDataFormat = Literal["jsonl.gz", "parquet", "msgpack.zstf"]
+"""The shard formats of SPEC section 3 (a plain alias, so ``typing.get_args`` works on it)."""
+
+DATA_FORMATS: tuple[DataManifestDataFormat, ...] = get_args(DataManifestDataFormat)
+"""Every :data:`DataManifestDataFormat`, in SPEC order."""
+
+
+# --------------------------------------------------------------------------------------------
+# Scalar building blocks
+# --------------------------------------------------------------------------------------------
+
+
+def _require_utf8(value: str) -> str:
+    """Reject strings that cannot be encoded as UTF-8 (lone surrogates)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("string is not encodable as UTF-8 (it holds a lone surrogate)") from None
+    return value
+
+
+_MAX_INT_DIGITS = 4300
+_INT_BOUND = 10**_MAX_INT_DIGITS
+
+
+def _require_int_digits(value: int) -> int:
+    """Reject integers too long for Python's default int/str conversion limit."""
+    if not -_INT_BOUND < value < _INT_BOUND:
+        raise ValueError(f"integer has more than {_MAX_INT_DIGITS} digits")
+    return value
+
+
+_Text = Annotated[str, AfterValidator(_require_utf8)]
+_Int = Annotated[int, Field(strict=True), AfterValidator(_require_int_digits)]
+_PositiveInt = Annotated[int, Field(strict=True, gt=0), AfterValidator(_require_int_digits)]
+_FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+
+def _check_shard_uri(uri: str) -> str:
+    """Accept ``s3://bucket/key`` (both non-empty) or ``file:///absolute/path``."""
+    if uri.startswith("s3://"):
+        bucket, slash, key = uri[len("s3://") :].partition("/")
+        if bucket and slash and key:
+            return uri
+    elif uri.startswith("file:///") and len(uri) > len("file:///"):
+        return uri
+    raise ValueError(
+        "shard URI must be s3://bucket/key (bucket and key non-empty) "
+        f"or file:///absolute/path, got {uri!r}"
+    )
+
+
+_ShardUri = Annotated[_Text, AfterValidator(_check_shard_uri)]
+
+
+# --------------------------------------------------------------------------------------------
+# JSON values
+# --------------------------------------------------------------------------------------------
+
+_JSON_TAGS: dict[type, str] = {
+    type(None): "null",
+    bool: "bool",
+    int: "int",
+    float: "float",
+    str: "str",
+    list: "array",
+    dict: "object",
+}
+
+
+def _json_tag(value: Any) -> str | None:
+    """Discriminate JSON values by exact type, so that bool never passes as int."""
+    return _JSON_TAGS.get(type(value))
+
+
+type JsonValue = Annotated[
+    Annotated[None, Tag("null")]
+    | Annotated[bool, Tag("bool")]
+    | Annotated[_Int, Tag("int")]
+    | Annotated[_FiniteFloat, Tag("float")]
+    | Annotated[_Text, Tag("str")]
+    | Annotated[list[JsonValue], Tag("array")]
+    | Annotated[dict[_Text, JsonValue], Tag("object")],
+    Discriminator(
+        _json_tag,
+        custom_error_type="invalid_json_value",
+        custom_error_message=(
+            "Input should be a JSON value: None, bool, int, finite float, str, "
+            "list or dict with str keys"
+        ),
+    ),
+]
+"""A JSON value, validated by exact type in strict mode (see the module docstring)."""
+
+type JsonObject = dict[_Text, JsonValue]
+"""A JSON object: a ``dict`` with ``str`` keys and :data:`JsonValue` values."""
+
+
+MAX_METADATA_DEPTH = 123
+"""How many objects and arrays deep a stage's metadata may nest, the metadata object included."""
+
+
+def _json_depth(value: object) -> int:
+    """Return how many arrays and objects deep ``value`` nests (0 for a scalar), iteratively."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: list[object] = list(item.values())
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        depth += 1
+        deepest = max(deepest, depth)
+        stack.extend((child, depth) for child in children)
+    return deepest
+
+
+# --------------------------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------------------------
+
+
+class _ManifestModel(BaseModel):
+    model_config = ConfigDict(strict=True, frozen=True, extra="forbid")
+
+
+def _check_shard_list(shards: list[ManifestShard]) -> list[ManifestShard]:
+    if not shards:
+        raise ValueError("at least one shard is required")
+    seen: set[str] = set()
+    for shard in shards:
+        if shard.uri in seen:
+            raise ValueError(f"shard URI {shard.uri!r} is listed more than once")
+        seen.add(shard.uri)
+    return shards
+
+
+def _check_records_sum(records: int, shards: list[ManifestShard]) -> None:
+    total = sum(shard.records for shard in shards)
+    if records != total:
+        raise ValueError(f"records is {records} but its shards hold {total} records in total")
+
+
+class ManifestShard(_ManifestModel):
+    """One immutable shard object.
+
+    Fields: ``uri`` (``s3://bucket/key`` or ``file:///absolute/path``), ``records`` (int > 0),
+    ``size_bytes`` (int > 0), ``etag`` (str, default ``""``: unknown).
+
+    Raises:
+        pydantic.ValidationError: (a ValueError) on any violated rule.
+    """
+
+    uri: _ShardUri
+    records: _PositiveInt
+    size_bytes: _PositiveInt
+    etag: _Text = ""
+
+
+class ManifestCurriculumStage(_ManifestModel):
+    """A named, ordered subset of a split's shards.
+
+    Fields: ``records`` (int > 0, the sum of the shards' records), ``shards`` (at least one,
+    no repeated URI), ``metadata`` (:data:`JsonObject`, default ``{}``).
+
+    Raises:
+        pydantic.ValidationError: (a ValueError) on any violated rule.
+    """
+
+    records: _PositiveInt
+    shards: list[ManifestShard]
+    metadata: JsonObject = Field(default_factory=dict)
+
+    _check_shards = field_validator("shards")(_check_shard_list)
+
+    @field_validator("metadata")
+    @classmethod
+    def _check_metadata_depth(cls, metadata: dict[str, Any]) -> dict[str, Any]:
+        depth = _json_depth(metadata)
+        if depth > MAX_METADATA_DEPTH:
+            raise ValueError(
+                f"metadata nests {depth} objects and arrays deep; at most "
+                f"{MAX_METADATA_DEPTH} are allowed"
+            )
+        return metadata
+
+    @model_validator(mode="after")
+    def _check_sum(self) -> Self:
+        _check_records_sum(self.records, self.shards)
+        return self
+
+
+class ManifestDatasetEntry(_ManifestModel):
+    """One split: every shard of the split, and its curriculum stages.
+
+    Fields: ``records`` (int > 0, the sum of the shards' records), ``shards`` (at least one,
+    no repeated URI, including every shard of every stage), ``curriculum`` (stage name ->
+    :class:`ManifestCurriculumStage`, default ``{}``, names non-empty).
+
+    Raises:
+        pydantic.ValidationError: (a ValueError) on any violated rule, including a stage shard
+            missing from ``shards`` or described differently there.
+    """
+
+    records: _PositiveInt
+    shards: list[ManifestShard]
+    curriculum: dict[_Text, ManifestCurriculumStage] = Field(default_factory=dict)
+
+    _check_shards = field_validator("shards")(_check_shard_list)
+
+    @field_validator("curriculum")
+    @classmethod
+    def _check_stage_names(
+        cls, curriculum: dict[str, ManifestCurriculumStage]
+    ) -> dict[str, ManifestCurriculumStage]:
+        if "" in curriculum:
+            raise ValueError("curriculum stage names must be non-empty")
+        return curriculum
+
+    @model_validator(mode="after")
+    def _check_entry(self) -> Self:
+        _check_records_sum(self.records, self.shards)
+        by_uri = {shard.uri: shard for shard in self.shards}
+        for stage_name, stage in self.curriculum.items():
+            for shard in stage.shards:
+                listed = by_uri.get(shard.uri)
+                if listed is None:
+                    raise ValueError(
+                        f"curriculum stage {stage_name!r} lists shard {shard.uri!r}, which is "
+                        "not in the split's shards (a split's shards list holds every shard "
+                        "of the split, those of its stages included)"
+                    )
+                if listed != shard:
+                    raise ValueError(
+                        f"curriculum stage {stage_name!r} describes shard {shard.uri!r} "
+                        "differently from the split's shards list (records, size_bytes or "
+                        "etag differ)"
+                    )
+        return self
+
+
+class DataManifest(_ManifestModel):
+    """A version 1 data manifest (SPEC section 2).
+
+    Fields: ``version`` (the int 1), ``data_format`` (:data:`DataManifestDataFormat`),
+    ``splits`` (split name -> :class:`ManifestDatasetEntry`, at least one, names non-empty).
+
+    Build one from JSON bytes with :func:`parse_manifest`, from a mapping with
+    :func:`validate_manifest`; serialize it with :func:`canonical_manifest_bytes`.
+
+    Raises:
+        pydantic.ValidationError: (a ValueError) on any violated rule.
+    """
+
+    version: Literal[1]
+    data_format: DataManifestDataFormat
+    splits: dict[_Text, ManifestDatasetEntry]
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _check_version_type(cls, version: object) -> object:
+        # Literal[1] alone would accept True and 1.0, which compare equal to 1.
+        if type(version) is not int:
+            raise ValueError(f"version must be the integer 1, got {version!r}")
+        return version
+
+    @field_validator("splits")
+    @classmethod
+    def _check_splits(
+        cls, splits: dict[str, ManifestDatasetEntry]
+    ) -> dict[str, ManifestDatasetEntry]:
+        if not splits:
+            raise ValueError("at least one split is required")
+        if "" in splits:
+            raise ValueError("split names must be non-empty")
+        return splits
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing and serialization
+# --------------------------------------------------------------------------------------------
+
+
+class _StrictJsonError(ValueError):
+    """JSON text that is well formed for Python's json module but not strict JSON."""
+
+
+def _reject_constant(token: str) -> object:
+    raise _StrictJsonError(f"{token} is not a JSON number")
+
+
+def _parse_finite_float(token: str) -> float:
+    value = float(token)
+    if not math.isfinite(value):
+        raise _StrictJsonError(f"number {token} is out of range")
+    return value
+
+
+def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _StrictJsonError(f"duplicate object key {key!r}")
+        result[key] = value
+    return result
+
+
+def _loads_strict_json(text: str) -> object:
+    """Parse strict JSON text (see the module docstring); raise ValueError otherwise."""
+    try:
+        return json.loads(
+            text,
+            object_pairs_hook=_object_without_duplicates,
+            parse_constant=_reject_constant,
+            parse_float=_parse_finite_float,
+        )
+    except RecursionError:
+        raise _StrictJsonError("JSON nesting is too deep") from None
+
+
+_SUMMARY_MAX_ERRORS = 20
+_SUMMARY_MAX_LOCATION = 200
+
+
+def _validation_summary(error: ValidationError) -> str:
+    """One ``"  location: reason"`` line per error, bounded in count and width."""
+    details = error.errors(include_url=False)
+    lines = []
+    for detail in details[:_SUMMARY_MAX_ERRORS]:
+        location = ".".join(str(part) for part in detail["loc"]) or "<manifest>"
+        if len(location) > _SUMMARY_MAX_LOCATION:
+            half = _SUMMARY_MAX_LOCATION // 2
+            location = f"{location[:half]}...{location[-half:]}"
+        lines.append(f"  {location}: {detail['msg']}")
+    if len(details) > _SUMMARY_MAX_ERRORS:
+        lines.append(f"  ... and {len(details) - _SUMMARY_MAX_ERRORS} more errors")
+    return "\n".join(lines)
+
+
+def parse_manifest(data: bytes | bytearray | memoryview, uri: str) -> DataManifest:
+    """Parse and validate the bytes of a data manifest read from ``uri``.
+
+    ``uri`` is used only in error messages.  The bytes need not be canonical.
+
+    Raises:
+        TypeError: ``data`` is not bytes-like.
+        ValueError: with a message starting with exactly one of
+            ``"Data manifest is not valid UTF-8: {uri}"``,
+            ``"Data manifest is not valid JSON: {uri}"`` or
+            ``"Data manifest has invalid shape: {uri}"``; the underlying
+            :class:`UnicodeDecodeError`, JSON error or :class:`pydantic.ValidationError` is
+            chained as ``__cause__``.  The invalid-shape message continues, on following lines,
+            with one ``"  location: reason"`` line per failed rule.  (The error is a plain
+            ValueError, not a ValidationError.)
+    """
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise TypeError(f"data manifest bytes must be bytes, got {type(data).__name__}")
+    try:
+        text = bytes(data).decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"Data manifest is not valid UTF-8: {uri}") from error
+    try:
+        value = _loads_strict_json(text)
+    except ValueError as error:  # json.JSONDecodeError, _StrictJsonError, int digit limit
+        raise ValueError(f"Data manifest is not valid JSON: {uri}") from error
+    try:
+        return DataManifest.model_validate(value, strict=True)
+    except ValidationError as error:
+        raise ValueError(
+            f"Data manifest has invalid shape: {uri}\n{_validation_summary(error)}"
+        ) from error
+
+
+def validate_manifest(manifest: DataManifest | Mapping[str, object]) -> DataManifest:
+    """Validate a manifest given as a mapping (or re-validate a model) under the strict rules.
+
+    A mapping is validated exactly as :func:`parse_manifest` validates parsed JSON: nested
+    objects must be ``dict`` and arrays ``list`` (the top level may be any Mapping), and no
+    value is coerced.  A :class:`DataManifest` is re-validated from a dump of its fields, which
+    catches a model whose inner dicts or lists were mutated, or one built with
+    ``model_construct``; an equal, fresh model is returned.
+
+    Raises:
+        TypeError: ``manifest`` is neither a DataManifest nor a Mapping.
+        pydantic.ValidationError: (a ValueError) the manifest breaks a rule of SPEC section 2.
+    """
+    if isinstance(manifest, DataManifest):
+        data: dict[str, object] = manifest.model_dump()
+    elif isinstance(manifest, Mapping):
+        data = dict(manifest)
+    else:
+        raise TypeError(
+            f"a data manifest must be a DataManifest or a Mapping, got {type(manifest).__name__}"
+        )
+    return DataManifest.model_validate(data, strict=True)
+
+
+def canonical_manifest_bytes(manifest: DataManifest) -> bytes:
+    """Return the canonical bytes of ``manifest`` (SPEC section 2).
+
+    The bytes are ``manifest.model_dump_json(indent=2, exclude_none=True) + "\\n"`` encoded as
+    UTF-8: fields in SPEC order, ``curriculum``, ``metadata`` and ``etag`` always present,
+    non-ASCII characters written as-is.  ``parse_manifest(canonical_manifest_bytes(m), uri)``
+    equals ``m`` for every valid manifest.  The model is not re-validated here; pass it
+    through :func:`validate_manifest` first if its inner containers may have been mutated.
+
+    Raises:
+        TypeError: ``manifest`` is not a DataManifest.
+        pydantic_core.PydanticSerializationError: the model holds a value that cannot be
+            serialized (only possible after mutating its inner containers).
+    """
+    if not isinstance(manifest, DataManifest):
+        raise TypeError(f"expected a DataManifest, got {type(manifest).__name__}")
+    return (manifest.model_dump_json(indent=2, exclude_none=True) + "\n").encode("utf-8")

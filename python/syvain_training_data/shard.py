@@ -1,0 +1,51 @@
+"""`iter_shard`: stream one shard's records, lazily, with the size and record-count checks.
+
+msgpack.zstf and jsonl.gz are decoded in Rust straight from the resumable stream (records cross
+into Python in batches); Parquet goes through pyarrow (the ``parquet`` extra).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from syvain_training_data.manifest import DATA_FORMATS, DataManifestDataFormat, ManifestShard
+from syvain_training_data.storage import StorageConfig, native_storage
+
+__all__ = ["iter_shard"]
+
+NATIVE_FORMATS = ("msgpack.zstf", "jsonl.gz")
+BATCH_RECORDS = 1024
+
+
+def iter_shard(
+    data_format: DataManifestDataFormat,
+    shard: ManifestShard,
+    *,
+    storage_config: StorageConfig | None = None,
+) -> Iterator[Mapping[str, Any]]:
+    """Yields the records of ``shard`` in order, never more than ``shard.records``.
+
+    The bytes received are checked against ``shard.size_bytes`` and, at the end, the number of
+    records against ``shard.records``. Errors: RuntimeError "Unreadable {format} shard {uri}:
+    {reason}" for bad data or counts; FileNotFoundError, PermissionError, ObjectChangedError and
+    StorageRetryExhaustedError from the store; ValueError for an unknown format.
+    """
+    if data_format not in DATA_FORMATS:
+        raise ValueError(
+            f"Unknown data format {data_format!r}; expected one of {', '.join(DATA_FORMATS)}"
+        )
+    if data_format == "parquet":
+        from syvain_training_data.formats.parquet import iter_parquet_shard
+
+        yield from iter_parquet_shard(shard, storage_config=storage_config)
+        return
+    reader = native_storage(storage_config or StorageConfig()).open_shard(
+        shard.uri,
+        data_format,
+        size_bytes=shard.size_bytes,
+        records=shard.records,
+        etag=shard.etag or None,
+    )
+    while batch := reader.next_batch(BATCH_RECORDS):
+        yield from batch

@@ -1,0 +1,173 @@
+"""Object storage: s3:// through the native client, file:// as the embedded local store.
+
+Every call goes through the Rust extension, which applies the timeouts and the retry budget of
+SPEC section 4 and releases the GIL while it waits. Errors:
+
+- ``FileNotFoundError``: the object does not exist (no retry).
+- ``FileExistsError``: a create-only write found an existing object.
+- ``PermissionError``: the store refused the credentials or the access.
+- ``ObjectChangedError``: an immutable object changed while it was read (etag precondition).
+- ``StorageRetryExhaustedError`` (a ``RuntimeError``): transient failures spent the budget.
+- ``ValueError``: a bad URI or configuration, at once.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict, SecretStr
+
+from syvain_training_data import _native
+from syvain_training_data._native import ObjectStream
+from syvain_training_data.errors import ObjectChangedError, StorageRetryExhaustedError
+
+__all__ = [
+    "ObjectChangedError",
+    "ObjectInfo",
+    "ObjectStream",
+    "StorageConfig",
+    "StorageRetryExhaustedError",
+    "delete_object",
+    "get_object",
+    "head_object",
+    "list_objects",
+    "open_stream",
+    "put_object",
+]
+
+
+class StorageConfig(BaseModel):
+    """Where and how to reach the S3-compatible store; file:// URIs need none of it.
+
+    The secret is a ``SecretStr``: it never appears in ``repr``, logs or error messages.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    s3_base_url: str | None = None
+    region: str = "us-east-1"
+    access_key_id: str | None = None
+    secret_access_key: SecretStr | None = None
+    virtual_hosted_style_request: bool = False
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        s3_base_url: str | None = None,
+        region: str = "us-east-1",
+        access_key_id: str | None = None,
+        secret_access_key: str | SecretStr | None = None,
+        virtual_hosted_style_request: bool = False,
+    ) -> StorageConfig:
+        """Builds a config from plain strings (the secret is wrapped as a ``SecretStr``)."""
+        secret = (
+            SecretStr(secret_access_key) if isinstance(secret_access_key, str) else secret_access_key
+        )
+        return cls(
+            s3_base_url=s3_base_url,
+            region=region,
+            access_key_id=access_key_id,
+            secret_access_key=secret,
+            virtual_hosted_style_request=virtual_hosted_style_request,
+        )
+
+
+LOCAL_ONLY = StorageConfig()
+
+
+class ObjectInfo(BaseModel):
+    """An object's URI, size in bytes and etag ("" where the store gives none)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    uri: str
+    size: int
+    etag: str
+
+
+@functools.lru_cache(maxsize=64)
+def native_storage(config: StorageConfig) -> _native.NativeStorage:
+    """The native client for a config (one per config; it rebuilds its connections after fork).
+
+    Raises ValueError at once for an invalid ``s3_base_url``.
+    """
+    secret = config.secret_access_key.get_secret_value() if config.secret_access_key else None
+    return _native.NativeStorage(
+        s3_base_url=config.s3_base_url,
+        region=config.region,
+        access_key_id=config.access_key_id,
+        secret_access_key=secret,
+        virtual_hosted_style_request=config.virtual_hosted_style_request,
+    )
+
+
+def _client(storage_config: StorageConfig | None) -> _native.NativeStorage:
+    return native_storage(storage_config or LOCAL_ONLY)
+
+
+def get_object(uri: str, *, storage_config: StorageConfig | None = None) -> bytes:
+    """The whole object. Raises FileNotFoundError when it does not exist."""
+    return _client(storage_config).get(uri)
+
+
+def head_object(uri: str, *, storage_config: StorageConfig | None = None) -> ObjectInfo:
+    """Size and etag of an object. Raises FileNotFoundError when it does not exist."""
+    size, etag = _client(storage_config).head(uri)
+    return ObjectInfo(uri=uri, size=size, etag=etag)
+
+
+def put_object(
+    uri: str,
+    data: bytes,
+    *,
+    storage_config: StorageConfig | None = None,
+    content_type: str | None = None,
+    metadata: Mapping[str, str] | None = None,
+    create_only: bool = False,
+) -> ObjectInfo:
+    """Writes an object. With ``create_only`` an existing object raises FileExistsError.
+
+    ``content_type`` and ``metadata`` become object attributes on S3; the local directory store
+    keeps only the bytes.
+    """
+    size, etag = _client(storage_config).put(
+        uri,
+        data,
+        content_type=content_type,
+        metadata=dict(metadata) if metadata else None,
+        create_only=create_only,
+    )
+    return ObjectInfo(uri=uri, size=size, etag=etag)
+
+
+def delete_object(uri: str, *, storage_config: StorageConfig | None = None) -> None:
+    """Deletes an object; a missing one is not an error."""
+    _client(storage_config).delete(uri)
+
+
+def list_objects(prefix_uri: str, *, storage_config: StorageConfig | None = None) -> list[ObjectInfo]:
+    """Every object under a prefix, sorted by URI. The prefix is a "directory":
+    ``s3://b/a`` lists ``s3://b/a/...``, not ``s3://b/ab``."""
+    return [
+        ObjectInfo(uri=uri, size=size, etag=etag)
+        for uri, size, etag in _client(storage_config).list(prefix_uri)
+    ]
+
+
+def open_stream(
+    uri: str,
+    *,
+    size_bytes: int,
+    etag: str | None = None,
+    start: int = 0,
+    storage_config: StorageConfig | None = None,
+) -> ObjectStream:
+    """A resumable stream over an immutable object of known size.
+
+    Ranged GETs with If-Match on ``etag`` (or on the first response's etag) resume at the last
+    received byte after transient failures; at most ``READAHEAD_BYTES`` are buffered ahead.
+    Iterate for ``bytes`` chunks, or call ``read(n)``. Close it (or use ``with``) to stop early.
+    """
+    return _client(storage_config).open_stream(uri, size_bytes, etag=etag, start=start)

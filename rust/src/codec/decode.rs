@@ -1,0 +1,363 @@
+//! `ShardReader`: a decoder thread frames, decompresses and checks bytes without the GIL while
+//! the Python side builds records in batches, so a second core works while Python runs.
+
+use std::collections::VecDeque;
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bytes::Bytes;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+
+use super::key_cache::KeyCache;
+use super::lines::{JsonlLines, LineBatch};
+use super::zstf::ZstfFrames;
+use super::{count_mismatch, found_more, py_build, shard_error, Failure, ShardFormat};
+use crate::error::{NativeError, NativeResult};
+use crate::source::{ByteSource, MemorySource};
+
+/// Batches in flight between the decoder thread and Python: enough to overlap, little memory.
+const CHANNEL_BATCHES: usize = 2;
+/// A payload batch is handed on at this many records or bytes, whichever comes first.
+const BATCH_RECORDS: usize = 512;
+const BATCH_BYTES: usize = 4 << 20;
+/// How often a waiting reader takes the GIL back to check for Ctrl-C.
+const SIGNAL_POLL: Duration = Duration::from_millis(100);
+const LOGGER: &str = "syvain_training_data";
+
+enum Batch {
+    Payloads(VecDeque<Vec<u8>>),
+    Lines(LineBatch, usize),
+}
+
+enum Message {
+    Batch(Batch),
+    End,
+    Failed(Failure),
+}
+
+enum State {
+    Open,
+    Finished,
+    Failed(PyErr),
+}
+
+/// Iterates the records of one msgpack.zstf or jsonl.gz shard as dicts.
+///
+/// Raises RuntimeError("Unreadable {format} shard {uri}: {reason}") for bad bytes or a record
+/// count that disagrees with the manifest, and the source's own errors as they are.
+#[pyclass(module = "syvain_training_data._native")]
+pub struct ShardReader {
+    format: ShardFormat,
+    uri: String,
+    declared: u64,
+    yielded: u64,
+    /// Behind a mutex only because a pyclass must be `Sync`; `&mut self` already excludes
+    /// other users.
+    receiver: Option<Mutex<Receiver<Message>>>,
+    current: Option<Batch>,
+    /// Records built by `__next__` ahead of the caller.
+    ready: VecDeque<PyObject>,
+    state: State,
+    keys: KeyCache,
+    logger: Option<PyObject>,
+}
+
+impl ShardReader {
+    /// Starts decoding `source` as `format` ("msgpack.zstf" or "jsonl.gz") on its own thread.
+    ///
+    /// Errors: an unknown format (ValueError), or a thread that cannot be started.
+    pub fn open(
+        format: &str,
+        uri: String,
+        source: Box<dyn ByteSource>,
+        declared_records: u64,
+    ) -> NativeResult<ShardReader> {
+        let format = ShardFormat::parse(format)?;
+        let (sender, receiver) = sync_channel(CHANNEL_BATCHES);
+        std::thread::Builder::new()
+            .name("syvain-shard-decoder".into())
+            .spawn(move || produce(format, source, declared_records, sender))
+            .map_err(|e| shard_error(format, &uri, format!("cannot start decoder thread: {e}")))?;
+        Ok(ShardReader {
+            format,
+            uri,
+            declared: declared_records,
+            yielded: 0,
+            receiver: Some(Mutex::new(receiver)),
+            current: None,
+            ready: VecDeque::new(),
+            state: State::Open,
+            keys: KeyCache::default(),
+            logger: None,
+        })
+    }
+
+    /// Appends up to `max` records to `out`. A failure after some records is kept and raised
+    /// by the next call, so the records before a bad byte still reach the caller.
+    fn fill(&mut self, py: Python<'_>, max: usize, out: &mut Vec<PyObject>) -> PyResult<()> {
+        while out.len() < max {
+            if let Some(record) = self.ready.pop_front() {
+                out.push(record);
+                continue;
+            }
+            match &self.state {
+                State::Finished => return Ok(()),
+                State::Failed(err) if out.is_empty() => return Err(err.clone_ref(py)),
+                State::Failed(_) => return Ok(()),
+                State::Open => {}
+            }
+            match self.step(py) {
+                Ok(Some(record)) => out.push(record),
+                Ok(None) => {}
+                Err(err) => {
+                    self.receiver = None;
+                    self.current = None;
+                    self.state = State::Failed(PyErr::from(err));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One record from the current batch, or moves to the next message.
+    fn step(&mut self, py: Python<'_>) -> NativeResult<Option<PyObject>> {
+        let Some(mut batch) = self.current.take() else {
+            match self.receive(py)? {
+                Message::Batch(batch) => self.current = Some(batch),
+                Message::End => {
+                    if self.yielded != self.declared {
+                        return Err(self.error(count_mismatch(self.declared, self.yielded)));
+                    }
+                    self.receiver = None;
+                    self.state = State::Finished;
+                }
+                Message::Failed(failure) => return Err(failure.into_native(self.format, &self.uri)),
+            }
+            return Ok(None);
+        };
+        let record = self.take_record(py, &mut batch);
+        if !batch_done(&batch) {
+            self.current = Some(batch);
+        }
+        let Some(record) = record? else {
+            return Ok(None);
+        };
+        if self.yielded == self.declared {
+            return Err(self.error(found_more(self.declared)));
+        }
+        self.yielded += 1;
+        Ok(Some(record.unbind()))
+    }
+
+    /// Builds the batch's next record; `None` for a skipped line or an exhausted batch.
+    fn take_record<'py>(
+        &mut self,
+        py: Python<'py>,
+        batch: &mut Batch,
+    ) -> NativeResult<Option<Bound<'py, PyAny>>> {
+        match batch {
+            Batch::Payloads(payloads) => {
+                let Some(payload) = payloads.pop_front() else {
+                    return Ok(None);
+                };
+                match py_build::msgpack_record(py, &payload, &mut self.keys) {
+                    Ok(record) => Ok(Some(record)),
+                    Err(Ok(reason)) => Err(self.error(reason)),
+                    Err(Err(py_err)) => Err(NativeError::Python(py_err)),
+                }
+            }
+            Batch::Lines(lines, next) => {
+                let Some(line) = lines.lines.get(*next) else {
+                    return Ok(None);
+                };
+                *next += 1;
+                let record = py_build::json_record(py, lines.line(line));
+                if record.is_none() {
+                    self.log_invalid_line(py, line.number)?;
+                }
+                Ok(record.map(Bound::into_any))
+            }
+        }
+    }
+
+    /// Waits for the decoder thread without the GIL, checking for Ctrl-C in between.
+    fn receive(&mut self, py: Python<'_>) -> NativeResult<Message> {
+        loop {
+            let Some(receiver) = &self.receiver else {
+                return Err(self.error("decoder thread stopped unexpectedly"));
+            };
+            let got = py.allow_threads(|| {
+                let receiver = receiver
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                receiver.recv_timeout(SIGNAL_POLL)
+            });
+            match got {
+                Ok(message) => return Ok(message),
+                Err(RecvTimeoutError::Timeout) => py.check_signals()?,
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(self.error("decoder thread stopped unexpectedly"))
+                }
+            }
+        }
+    }
+
+    fn log_invalid_line(&mut self, py: Python<'_>, number: u64) -> PyResult<()> {
+        let logger = match &self.logger {
+            Some(logger) => logger.bind(py).clone(),
+            None => {
+                let logger = py.import("logging")?.call_method1("getLogger", (LOGGER,))?;
+                self.logger = Some(logger.clone().unbind());
+                logger
+            }
+        };
+        logger.call_method1(
+            "error",
+            ("Skipping invalid JSON record in %s:%d", &self.uri, number),
+        )?;
+        Ok(())
+    }
+
+    fn error(&self, reason: impl Into<String>) -> NativeError {
+        shard_error(self.format, &self.uri, reason)
+    }
+}
+
+fn batch_done(batch: &Batch) -> bool {
+    match batch {
+        Batch::Payloads(payloads) => payloads.is_empty(),
+        Batch::Lines(lines, next) => *next >= lines.lines.len(),
+    }
+}
+
+#[pymethods]
+impl ShardReader {
+    /// Up to `max_records` records; an empty list once the shard is done and its count checked.
+    #[pyo3(signature = (max_records = 1024))]
+    fn next_batch<'py>(
+        &mut self,
+        py: Python<'py>,
+        max_records: usize,
+    ) -> PyResult<Bound<'py, PyList>> {
+        if max_records == 0 {
+            return Err(PyValueError::new_err("max_records must be positive"));
+        }
+        let mut out = Vec::with_capacity(max_records.min(1024));
+        self.fill(py, max_records, &mut out)?;
+        PyList::new(py, out)
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&mut self, py: Python<'_>) -> PyResult<Option<PyObject>> {
+        if self.ready.is_empty() {
+            let mut out = Vec::new();
+            self.fill(py, BATCH_RECORDS, &mut out)?;
+            self.ready.extend(out);
+        }
+        Ok(self.ready.pop_front())
+    }
+
+    /// Records handed out so far (including those buffered for `__next__`).
+    #[getter]
+    fn records_yielded(&self) -> u64 {
+        self.yielded - self.ready.len() as u64
+    }
+
+    #[getter]
+    fn uri(&self) -> &str {
+        &self.uri
+    }
+
+    #[getter]
+    fn data_format(&self) -> &'static str {
+        self.format.name()
+    }
+}
+
+/// Decodes shard bytes held in memory (tests, benchmarks, small local shards).
+///
+/// `chunk_size` splits `data` into chunks of that many bytes, as a network stream would.
+#[pyfunction]
+#[pyo3(signature = (data_format, uri, data, declared_records, chunk_size = None))]
+pub fn shard_reader_from_bytes(
+    data_format: &str,
+    uri: String,
+    data: &[u8],
+    declared_records: u64,
+    chunk_size: Option<usize>,
+) -> PyResult<ShardReader> {
+    let chunk = chunk_size.unwrap_or(data.len()).max(1);
+    let chunks: Vec<Bytes> = data.chunks(chunk).map(Bytes::copy_from_slice).collect();
+    let source = MemorySource::new(chunks);
+    Ok(ShardReader::open(
+        data_format,
+        uri,
+        Box::new(source),
+        declared_records,
+    )?)
+}
+
+/// The decoder thread: runs the format's pure-Rust core until the end, an error, or until the
+/// reader is dropped (a failed send).
+fn produce(
+    format: ShardFormat,
+    source: Box<dyn ByteSource>,
+    declared: u64,
+    sender: SyncSender<Message>,
+) {
+    let run = std::panic::AssertUnwindSafe(|| match format {
+        ShardFormat::MsgpackZstf => produce_payloads(ZstfFrames::new(source, declared), &sender),
+        ShardFormat::JsonlGz => produce_lines(JsonlLines::new(source), &sender),
+    });
+    // A bug must surface as an error on this shard, never as a hang or an abort.
+    if std::panic::catch_unwind(run).is_err() {
+        let failure = Failure::shard("internal decoder error");
+        let _ = sender.send(Message::Failed(failure));
+    }
+}
+
+fn produce_payloads(mut frames: ZstfFrames, sender: &SyncSender<Message>) {
+    let mut batch = VecDeque::new();
+    let mut bytes = 0;
+    let last = loop {
+        match frames.next_payload() {
+            Ok(Some(payload)) => {
+                bytes += payload.len();
+                batch.push_back(payload);
+                if batch.len() >= BATCH_RECORDS || bytes >= BATCH_BYTES {
+                    let full = Batch::Payloads(std::mem::take(&mut batch));
+                    bytes = 0;
+                    if sender.send(Message::Batch(full)).is_err() {
+                        return;
+                    }
+                }
+            }
+            Ok(None) => break Message::End,
+            Err(failure) => break Message::Failed(failure),
+        }
+    };
+    if !batch.is_empty() && sender.send(Message::Batch(Batch::Payloads(batch))).is_err() {
+        return;
+    }
+    let _ = sender.send(last);
+}
+
+fn produce_lines(mut lines: JsonlLines, sender: &SyncSender<Message>) {
+    loop {
+        let message = match lines.next_batch() {
+            Ok(Some(batch)) => Message::Batch(Batch::Lines(batch, 0)),
+            Ok(None) => Message::End,
+            Err(failure) => Message::Failed(failure),
+        };
+        let last = !matches!(message, Message::Batch(_));
+        if sender.send(message).is_err() || last {
+            return;
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! Shard codecs: msgpack.zstf and jsonl.gz framing, decoding and encoding (SPEC section 3).
+//!
+//! Each format has a pure-Rust core (framing, decompression, validation; fuzzed without Python)
+//! and a thin PyO3 layer that turns validated bytes into Python objects under the GIL.
+
+use pyo3::prelude::*;
+
+use crate::error::{NativeError, NativeResult};
+
+mod chunks;
+mod decode;
+mod encode;
+pub mod gzip;
+mod json_write;
+mod key_cache;
+pub mod lines;
+pub mod msgpack;
+mod msgpack_write;
+mod py_build;
+mod py_value;
+pub mod zstf;
+
+pub use decode::{shard_reader_from_bytes, ShardReader};
+pub use encode::ShardEncoder;
+
+/// A zstd frame (its 8-byte length prefix excluded) may hold at most this many bytes.
+pub const MAX_FRAME_BYTES: u64 = 256 << 20;
+/// A decompressed MessagePack payload may hold at most this many bytes.
+pub const MAX_PAYLOAD_BYTES: u64 = 1 << 30;
+/// A jsonl.gz line (its "\n" excluded) may hold at most this many bytes.
+pub const MAX_LINE_BYTES: u64 = 1 << 30;
+
+/// The two shard formats with native codecs (parquet goes through pyarrow).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShardFormat {
+    MsgpackZstf,
+    JsonlGz,
+}
+
+impl ShardFormat {
+    /// Parses a manifest `data_format`; other names are a ValueError.
+    pub fn parse(name: &str) -> NativeResult<Self> {
+        match name {
+            "msgpack.zstf" => Ok(Self::MsgpackZstf),
+            "jsonl.gz" => Ok(Self::JsonlGz),
+            other => Err(NativeError::Config(format!(
+                "Unsupported native shard format {other:?}; expected \"msgpack.zstf\" or \"jsonl.gz\""
+            ))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::MsgpackZstf => "msgpack.zstf",
+            Self::JsonlGz => "jsonl.gz",
+        }
+    }
+}
+
+/// Why the pure-Rust decoding core stopped: the shard's bytes are wrong, or the source failed.
+#[derive(Debug)]
+pub enum Failure {
+    /// A reason such as "truncated compressed frame"; the caller adds format and URI.
+    Shard(String),
+    /// The byte source's own error (retry budget, changed object, ...), passed through as is.
+    Source(NativeError),
+}
+
+impl Failure {
+    pub fn shard(reason: impl Into<String>) -> Self {
+        Self::Shard(reason.into())
+    }
+
+    pub fn into_native(self, format: ShardFormat, uri: &str) -> NativeError {
+        match self {
+            Self::Shard(reason) => shard_error(format, uri, reason),
+            Self::Source(err) => err,
+        }
+    }
+}
+
+impl From<NativeError> for Failure {
+    fn from(err: NativeError) -> Self {
+        Self::Source(err)
+    }
+}
+
+pub(crate) fn shard_error(
+    format: ShardFormat,
+    uri: &str,
+    reason: impl Into<String>,
+) -> NativeError {
+    NativeError::Shard {
+        format: format.name(),
+        uri: uri.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+pub(crate) fn found_more(declared: u64) -> String {
+    format!("declared {declared} records but found more")
+}
+
+pub(crate) fn count_mismatch(declared: u64, yielded: u64) -> String {
+    format!("declared {declared} records but yielded {yielded}")
+}
+
+/// Registers the codec classes and functions on the extension module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<ShardReader>()?;
+    m.add_class::<ShardEncoder>()?;
+    m.add_function(wrap_pyfunction!(shard_reader_from_bytes, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,246 @@
+//! msgpack.zstf framing: 8-byte big-endian length, one zstd frame, one MessagePack map.
+//!
+//! [`ZstfFrames`] is the pure-Rust core of the decoder: it yields validated payloads and runs on
+//! the decoder thread (and under the fuzzer) without Python.
+
+use zstd::zstd_safe::{self, DCtx, InBuffer, OutBuffer};
+
+use super::chunks::ChunkReader;
+use super::{found_more, msgpack, Failure, MAX_FRAME_BYTES, MAX_PAYLOAD_BYTES};
+use crate::source::ByteSource;
+
+pub const INVALID_FRAME_LENGTH: &str = "invalid frame length";
+pub const TRUNCATED_HEADER: &str = "truncated 8-byte frame header";
+pub const TRUNCATED_FRAME: &str = "truncated compressed frame";
+pub const INVALID_ZSTD_FRAME: &str = "invalid Zstandard frame";
+pub const PAYLOAD_TOO_LARGE: &str = "payload too large";
+
+/// The magic number of a regular (not skippable) Zstandard frame, little-endian.
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+
+/// Reads the records of one shard, never more than declared.
+pub struct ZstfFrames {
+    reader: ChunkReader,
+    declared: u64,
+    frames: u64,
+    dctx: DCtx<'static>,
+    payload_limit: u64,
+}
+
+impl ZstfFrames {
+    pub fn new(source: Box<dyn ByteSource>, declared: u64) -> Self {
+        Self {
+            reader: ChunkReader::new(source),
+            declared,
+            frames: 0,
+            dctx: DCtx::create(),
+            payload_limit: MAX_PAYLOAD_BYTES,
+        }
+    }
+
+    /// Lowers the payload limit, so tests can reach it with small inputs.
+    pub fn with_payload_limit(mut self, limit: u64) -> Self {
+        self.payload_limit = limit.min(MAX_PAYLOAD_BYTES);
+        self
+    }
+
+    /// Records read so far.
+    pub fn frames(&self) -> u64 {
+        self.frames
+    }
+
+    /// The next record's validated MessagePack payload; `None` at the end of the object.
+    pub fn next_payload(&mut self) -> Result<Option<Vec<u8>>, Failure> {
+        let header = self.reader.read_exact(8)?;
+        if header.is_empty() {
+            return Ok(None);
+        }
+        let header: [u8; 8] = header[..]
+            .try_into()
+            .map_err(|_| Failure::shard(TRUNCATED_HEADER))?;
+        let len = u64::from_be_bytes(header);
+        if len == 0 || len > MAX_FRAME_BYTES {
+            return Err(Failure::shard(INVALID_FRAME_LENGTH));
+        }
+        // A well-formed header after the last declared record: stop before reading its frame.
+        if self.frames == self.declared {
+            return Err(Failure::shard(found_more(self.declared)));
+        }
+        let len = usize::try_from(len).map_err(|_| Failure::shard(INVALID_FRAME_LENGTH))?;
+        let frame = self.reader.read_exact(len)?;
+        if frame.len() < len {
+            return Err(Failure::shard(TRUNCATED_FRAME));
+        }
+        let payload = decompress_frame(&mut self.dctx, &frame, self.payload_limit)?;
+        msgpack::validate_record(&payload).map_err(Failure::shard)?;
+        self.frames += 1;
+        Ok(Some(payload))
+    }
+}
+
+/// Decompresses exactly one complete frame filling `frame`, to at most `limit` bytes.
+fn decompress_frame(dctx: &mut DCtx<'_>, frame: &[u8], limit: u64) -> Result<Vec<u8>, Failure> {
+    let invalid = || Failure::shard(INVALID_ZSTD_FRAME);
+    if frame.get(..4) != Some(&ZSTD_MAGIC[..]) {
+        return Err(invalid());
+    }
+    match zstd_safe::find_frame_compressed_size(frame) {
+        Ok(size) if size == frame.len() => {}
+        _ => return Err(invalid()),
+    }
+    let declared = zstd_safe::get_frame_content_size(frame).map_err(|_| invalid())?;
+    if declared.is_some_and(|size| size > limit) {
+        return Err(Failure::shard(PAYLOAD_TOO_LARGE));
+    }
+    let limit = usize::try_from(declared.unwrap_or(limit)).map_err(|_| invalid())?;
+    // One byte past the limit tells "exactly at the limit" from "over it" when no size is
+    // declared. A small frame cannot expand to a huge declared size, so don't trust it up front.
+    let initial = declared
+        .map_or(frame.len().saturating_mul(4), |size| size as usize)
+        .min(frame.len().saturating_mul(64).max(1 << 16))
+        .min(limit)
+        + 1;
+    let mut out: Vec<u8> = Vec::with_capacity(initial);
+    dctx.reset(zstd_safe::ResetDirective::SessionOnly)
+        .map_err(|_| invalid())?;
+    let mut input = InBuffer::around(frame);
+    loop {
+        let (written_before, read_before) = (out.len(), input.pos());
+        let hint = {
+            // Appends after what earlier rounds wrote; dropping the buffer sets `out.len()`.
+            let mut output = OutBuffer::around_pos(&mut out, written_before);
+            dctx.decompress_stream(&mut output, &mut input)
+                .map_err(|_| invalid())?
+        };
+        if out.len() > limit {
+            return Err(if declared.is_some() {
+                invalid()
+            } else {
+                Failure::shard(PAYLOAD_TOO_LARGE)
+            });
+        }
+        if hint == 0 {
+            break;
+        }
+        if out.len() == out.capacity() {
+            let grown = out.capacity().saturating_mul(2).min(limit + 1);
+            out.reserve_exact(grown.saturating_sub(out.len()));
+        } else if input.pos() == frame.len()
+            || (out.len(), input.pos()) == (written_before, read_before)
+        {
+            // Room left but no progress possible: the frame was cut short.
+            return Err(invalid());
+        }
+    }
+    if input.pos() != frame.len() {
+        return Err(invalid());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::MemorySource;
+    use bytes::Bytes;
+
+    fn record(payload: &[u8]) -> Vec<u8> {
+        let frame = zstd::bulk::compress(payload, 3).unwrap();
+        let mut out = (frame.len() as u64).to_be_bytes().to_vec();
+        out.extend_from_slice(&frame);
+        out
+    }
+
+    fn read_all(data: &[u8], declared: u64, chunk: usize) -> Result<Vec<Vec<u8>>, String> {
+        let chunks: Vec<Bytes> = data
+            .chunks(chunk.max(1))
+            .map(Bytes::copy_from_slice)
+            .collect();
+        let mut frames = ZstfFrames::new(Box::new(MemorySource::new(chunks)), declared);
+        let mut out = Vec::new();
+        loop {
+            match frames.next_payload() {
+                Ok(Some(p)) => out.push(p),
+                Ok(None) => return Ok(out),
+                Err(Failure::Shard(reason)) => return Err(reason),
+                Err(Failure::Source(err)) => return Err(err.to_string()),
+            }
+        }
+    }
+
+    const MAP: &[u8] = &[0x81, 0xa1, b'k', 0x01];
+
+    #[test]
+    fn reads_records_across_chunk_sizes() {
+        let mut data = record(MAP);
+        data.extend(record(&[0x80]));
+        for chunk in [1, 3, 8, 9, 1000] {
+            assert_eq!(
+                read_all(&data, 2, chunk).unwrap(),
+                vec![MAP.to_vec(), vec![0x80]]
+            );
+        }
+    }
+
+    #[test]
+    fn distinguishes_framing_errors() {
+        let good = record(MAP);
+        assert_eq!(read_all(&good[..5], 1, 64), Err(TRUNCATED_HEADER.into()));
+        assert_eq!(
+            read_all(&good[..good.len() - 1], 1, 64),
+            Err(TRUNCATED_FRAME.into())
+        );
+        assert_eq!(read_all(&[0; 8], 1, 64), Err(INVALID_FRAME_LENGTH.into()));
+        let huge = (MAX_FRAME_BYTES + 1).to_be_bytes();
+        assert_eq!(read_all(&huge, 1, 64), Err(INVALID_FRAME_LENGTH.into()));
+        let mut garbage = 4u64.to_be_bytes().to_vec();
+        garbage.extend_from_slice(b"abcd");
+        assert_eq!(read_all(&garbage, 1, 64), Err(INVALID_ZSTD_FRAME.into()));
+        // Two frames inside one length: trailing bytes inside L.
+        let frame = zstd::bulk::compress(MAP, 3).unwrap();
+        let mut two = ((frame.len() * 2) as u64).to_be_bytes().to_vec();
+        two.extend_from_slice(&frame);
+        two.extend_from_slice(&frame);
+        assert_eq!(read_all(&two, 1, 64), Err(INVALID_ZSTD_FRAME.into()));
+        assert_eq!(
+            read_all(&record(&[0x90]), 1, 64),
+            Err(msgpack::NOT_A_MAP.into())
+        );
+    }
+
+    #[test]
+    fn enforces_the_declared_count() {
+        let mut data = record(MAP);
+        data.extend(record(MAP));
+        assert_eq!(read_all(&data, 1, 64), Err(found_more(1)));
+        assert_eq!(read_all(&data, 3, 64).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn caps_payload_with_and_without_declared_size() {
+        let mut big = vec![0xc4, 0xff];
+        big.extend(std::iter::repeat_n(0u8, 255));
+        big.insert(0, 0x81);
+        big.insert(1, 0xa1);
+        big.insert(2, b'b');
+        let mut frames =
+            ZstfFrames::new(Box::new(MemorySource::new([Bytes::from(record(&big))])), 1)
+                .with_payload_limit(100);
+        assert!(matches!(frames.next_payload(), Err(Failure::Shard(r)) if r == PAYLOAD_TOO_LARGE));
+
+        // Streamed frame without a content size in its header.
+        let mut enc = zstd::stream::Encoder::new(Vec::new(), 3).unwrap();
+        enc.include_contentsize(false).unwrap();
+        std::io::Write::write_all(&mut enc, &big).unwrap();
+        let frame = enc.finish().unwrap();
+        assert_eq!(zstd_safe::get_frame_content_size(&frame).unwrap(), None);
+        let mut data = (frame.len() as u64).to_be_bytes().to_vec();
+        data.extend_from_slice(&frame);
+        let source = MemorySource::new([Bytes::from(data.clone())]);
+        let mut frames = ZstfFrames::new(Box::new(source), 1).with_payload_limit(100);
+        assert!(matches!(frames.next_payload(), Err(Failure::Shard(r)) if r == PAYLOAD_TOO_LARGE));
+        let source = MemorySource::new([Bytes::from(data)]);
+        let mut frames = ZstfFrames::new(Box::new(source), 1).with_payload_limit(big.len() as u64);
+        assert_eq!(frames.next_payload().unwrap(), Some(big));
+    }
+}

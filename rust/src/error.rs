@@ -1,0 +1,99 @@
+//! One error enum for the native layer and its mapping to Python exceptions.
+//!
+//! Messages name the object (URI) and what is wrong; they never contain a credential.
+
+use pyo3::exceptions::{
+    PyFileExistsError, PyFileNotFoundError, PyKeyboardInterrupt, PyPermissionError,
+    PyRuntimeError, PyValueError,
+};
+use pyo3::prelude::*;
+use pyo3::types::PyType;
+
+/// Our exception classes are defined in Python (`syvain_training_data.errors`) so that they
+/// carry the package's module name and can be caught before the extension is imported.
+fn package_error(name: &str, message: String) -> PyErr {
+    Python::with_gil(|py| {
+        match py
+            .import("syvain_training_data.errors")
+            .and_then(|module| module.getattr(name))
+        {
+            Ok(class) => match class.downcast_into::<PyType>() {
+                Ok(class) => PyErr::from_type(class, message),
+                Err(_) => PyRuntimeError::new_err(message),
+            },
+            Err(_) => PyRuntimeError::new_err(message),
+        }
+    })
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NativeError {
+    /// Bad URL, unknown scheme, missing credentials: fails at once.
+    #[error("{0}")]
+    Config(String),
+    #[error("Object not found: {uri}")]
+    NotFound { uri: String },
+    #[error("Object already exists: {uri}")]
+    AlreadyExists { uri: String },
+    #[error("Access denied to {uri}: {detail}")]
+    Permission { uri: String, detail: String },
+    #[error("Object changed while reading {uri} (etag {etag:?} no longer matches)")]
+    Changed { uri: String, etag: String },
+    /// `position` is empty for point operations, else " at offset X of Y bytes".
+    #[error(
+        "Storage retry budget exhausted for {operation} {uri}{position} after {attempts} \
+         attempts without progress ({elapsed_s:.1} s in all); last error: {last_error}"
+    )]
+    RetryExhausted {
+        operation: &'static str,
+        uri: String,
+        position: String,
+        attempts: u32,
+        elapsed_s: f64,
+        last_error: String,
+    },
+    /// The object's bytes disagree with what the caller declared (size, etc.).
+    #[error("{0}")]
+    InvalidData(String),
+    /// A permanent storage failure that is none of the above.
+    #[error("Storage error on {uri}: {detail}")]
+    Storage { uri: String, detail: String },
+    /// A shard could not be decoded: "Unreadable {format} shard {uri}: {reason}".
+    #[error("Unreadable {format} shard {uri}: {reason}")]
+    Shard {
+        format: &'static str,
+        uri: String,
+        reason: String,
+    },
+    /// A record handed to an encoder cannot be written (ValueError, nothing written).
+    #[error("{0}")]
+    Encode(String),
+    #[error("interrupted")]
+    Interrupted,
+    /// A Python exception raised while building or reading Python objects.
+    #[error("{0}")]
+    Python(#[from] PyErr),
+}
+
+pub type NativeResult<T> = Result<T, NativeError>;
+
+impl From<NativeError> for PyErr {
+    fn from(err: NativeError) -> PyErr {
+        let message = err.to_string();
+        match err {
+            NativeError::Config(_) | NativeError::Encode(_) => PyValueError::new_err(message),
+            NativeError::NotFound { .. } => PyFileNotFoundError::new_err(message),
+            NativeError::AlreadyExists { .. } => PyFileExistsError::new_err(message),
+            NativeError::Permission { .. } => PyPermissionError::new_err(message),
+            NativeError::Changed { .. } => package_error("ObjectChangedError", message),
+            NativeError::RetryExhausted { .. } => {
+                package_error("StorageRetryExhaustedError", message)
+            }
+            NativeError::InvalidData(_) | NativeError::Storage { .. } | NativeError::Shard { .. } => {
+                PyRuntimeError::new_err(message)
+            }
+            NativeError::Interrupted => PyKeyboardInterrupt::new_err("interrupted"),
+            NativeError::Python(e) => e,
+        }
+    }
+}

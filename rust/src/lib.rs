@@ -1,0 +1,25 @@
+//! The extension module `syvain_training_data._native`: registration only.
+
+use pyo3::prelude::*;
+
+mod classify;
+mod client;
+pub mod codec;
+pub mod error;
+mod ops;
+mod policy;
+mod runtime;
+pub mod source;
+mod store;
+mod stream;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<client::NativeStorage>()?;
+    m.add_class::<client::ObjectStream>()?;
+    m.add_function(wrap_pyfunction!(client::set_storage_policy, m)?)?;
+    m.add_function(wrap_pyfunction!(client::get_storage_policy, m)?)?;
+    m.add("READAHEAD_BYTES", stream::READAHEAD_BYTES)?;
+    codec::register(m)?;
+    Ok(())
+}

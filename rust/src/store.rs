@@ -1,0 +1,281 @@
+//! URI -> object store: s3:// through `object_store`'s S3 client, file:// as a local directory.
+
+use std::fmt;
+use std::sync::Arc;
+
+use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
+use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+use object_store::{ClientOptions, ObjectStore, RetryConfig};
+
+use crate::error::{NativeError, NativeResult};
+use crate::policy::Policy;
+
+/// Connection settings for s3:// URIs. The secret never appears in `Debug` or any message.
+#[derive(Clone)]
+pub struct StoreConfig {
+    pub s3_base_url: Option<String>,
+    pub region: String,
+    pub access_key_id: Option<String>,
+    pub secret_access_key: Option<String>,
+    pub virtual_hosted_style_request: bool,
+}
+
+impl fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreConfig")
+            .field("s3_base_url", &self.s3_base_url)
+            .field("region", &self.region)
+            .field("access_key_id", &self.access_key_id)
+            .field("secret_access_key", &self.secret_access_key.as_ref().map(|_| "***"))
+            .field(
+                "virtual_hosted_style_request",
+                &self.virtual_hosted_style_request,
+            )
+            .finish()
+    }
+}
+
+/// Where an object lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Location {
+    S3 { bucket: String, key: String },
+    /// An absolute filesystem path, taken literally (no percent-decoding), like an S3 key.
+    File { path: String },
+}
+
+impl Location {
+    /// Parses `s3://bucket/key` or `file:///absolute/path`. A prefix (for listing) may end in "/".
+    pub fn parse(uri: &str, allow_prefix: bool) -> NativeResult<Location> {
+        if let Some(rest) = uri.strip_prefix("s3://") {
+            let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(NativeError::Config(format!(
+                    "Invalid object URI {uri}: the bucket is empty"
+                )));
+            }
+            if key.is_empty() && !allow_prefix {
+                return Err(NativeError::Config(format!(
+                    "Invalid object URI {uri}: the key is empty"
+                )));
+            }
+            validate_key(uri, key, allow_prefix)?;
+            return Ok(Location::S3 {
+                bucket: bucket.to_string(),
+                key: key.to_string(),
+            });
+        }
+        if let Some(path) = uri.strip_prefix("file://") {
+            if !path.starts_with('/') || (path.len() < 2 && !allow_prefix) {
+                return Err(NativeError::Config(format!(
+                    "Invalid object URI {uri}: file URIs need an absolute path (file:///dir/name)"
+                )));
+            }
+            validate_key(uri, &path[1..], allow_prefix)?;
+            return Ok(Location::File {
+                path: path.to_string(),
+            });
+        }
+        Err(NativeError::Config(format!(
+            "Invalid object URI {uri}: the scheme must be s3:// or file://"
+        )))
+    }
+
+    /// The key inside the store (S3 key, or the absolute path without its leading "/").
+    pub fn object_path(&self) -> Path {
+        // Validated in `parse`, so `Path::parse` accepts it; keys are used raw, never re-encoded.
+        let raw = match self {
+            Location::S3 { key, .. } => key.as_str(),
+            Location::File { path } => &path[1..],
+        };
+        Path::parse(raw).unwrap_or_else(|_| Path::from(raw))
+    }
+
+    /// The URI of a key in the same bucket or filesystem (for listings).
+    pub fn uri_of(&self, path: &Path) -> String {
+        match self {
+            Location::S3 { bucket, .. } => format!("s3://{bucket}/{path}"),
+            Location::File { .. } => format!("file:///{path}"),
+        }
+    }
+
+    /// The cache key of the store that serves this location.
+    pub fn store_key(&self) -> String {
+        match self {
+            Location::S3 { bucket, .. } => format!("s3://{bucket}"),
+            Location::File { .. } => "file://".to_string(),
+        }
+    }
+
+    pub fn is_local(&self) -> bool {
+        matches!(self, Location::File { .. })
+    }
+}
+
+fn validate_key(uri: &str, key: &str, allow_prefix: bool) -> NativeResult<()> {
+    let trimmed = if allow_prefix {
+        key.strip_suffix('/').unwrap_or(key)
+    } else {
+        key
+    };
+    if trimmed.is_empty() {
+        return Ok(());
+    }
+    if trimmed.ends_with('/') || !allow_prefix && key.ends_with('/') {
+        return Err(NativeError::Config(format!(
+            "Invalid object URI {uri}: an object key may not end in '/'"
+        )));
+    }
+    for segment in trimmed.split('/') {
+        if segment.is_empty() || segment == "." || segment == ".." {
+            return Err(NativeError::Config(format!(
+                "Invalid object URI {uri}: empty, '.' or '..' path segment"
+            )));
+        }
+        if segment.chars().any(|c| c.is_ascii_control()) {
+            return Err(NativeError::Config(format!(
+                "Invalid object URI {uri}: control character in the key"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Builds a fresh store (new HTTP client, new connections) for a location.
+pub fn build_store(
+    config: &StoreConfig,
+    location: &Location,
+    policy: &Policy,
+) -> NativeResult<Arc<dyn ObjectStore>> {
+    match location {
+        Location::File { .. } => Ok(Arc::new(LocalFileSystem::new())),
+        Location::S3 { bucket, .. } => build_s3(config, bucket, policy),
+    }
+}
+
+fn build_s3(
+    config: &StoreConfig,
+    bucket: &str,
+    policy: &Policy,
+) -> NativeResult<Arc<dyn ObjectStore>> {
+    let (Some(access_key_id), Some(secret)) = (&config.access_key_id, &config.secret_access_key)
+    else {
+        return Err(NativeError::Config(format!(
+            "s3://{bucket}: no credentials configured (access_key_id and secret_access_key)"
+        )));
+    };
+    let client_options = ClientOptions::new()
+        .with_allow_http(true)
+        .with_connect_timeout(policy.connect_timeout)
+        .with_timeout(policy.request_timeout);
+    // Our own budget (policy.rs) does every retry, so object_store must not retry underneath it.
+    let retry = RetryConfig {
+        max_retries: 0,
+        retry_timeout: policy.request_timeout,
+        backoff: Default::default(),
+    };
+    let mut builder = AmazonS3Builder::new()
+        .with_bucket_name(bucket)
+        .with_region(&config.region)
+        .with_access_key_id(access_key_id)
+        .with_secret_access_key(secret)
+        .with_client_options(client_options)
+        .with_retry(retry)
+        .with_conditional_put(S3ConditionalPut::ETagMatch)
+        .with_virtual_hosted_style_request(config.virtual_hosted_style_request);
+    if let Some(base) = &config.s3_base_url {
+        let endpoint = endpoint_for(base, bucket, config.virtual_hosted_style_request)?;
+        builder = builder.with_endpoint(endpoint);
+    }
+    let store = builder
+        .build()
+        .map_err(|e| NativeError::Config(format!("s3://{bucket}: invalid S3 configuration: {e}")))?;
+    Ok(Arc::new(store))
+}
+
+/// The endpoint URL: the base as given (path style), or with the bucket as a sub-domain.
+pub fn endpoint_for(base: &str, bucket: &str, virtual_hosted: bool) -> NativeResult<String> {
+    let url = url::Url::parse(base)
+        .map_err(|e| NativeError::Config(format!("Invalid s3_base_url {base:?}: {e}")))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(NativeError::Config(format!(
+            "Invalid s3_base_url {base:?}: expected http(s)://host[:port]"
+        )));
+    }
+    let trimmed = base.trim_end_matches('/').to_string();
+    if !virtual_hosted {
+        return Ok(trimmed);
+    }
+    let host = url.host_str().unwrap_or_default();
+    let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
+    Ok(format!("{}://{bucket}.{host}{port}", url.scheme()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_s3_and_file_uris() {
+        assert_eq!(
+            Location::parse("s3://b/k/x.json", false).unwrap(),
+            Location::S3 {
+                bucket: "b".into(),
+                key: "k/x.json".into()
+            }
+        );
+        assert_eq!(
+            Location::parse("file:///tmp/x", false).unwrap(),
+            Location::File {
+                path: "/tmp/x".into()
+            }
+        );
+        let key = Location::parse("s3://b/a%2Fb c/é", false).unwrap();
+        assert_eq!(key.object_path().as_ref(), "a%2Fb c/é");
+    }
+
+    #[test]
+    fn rejects_bad_uris() {
+        for uri in [
+            "s3://",
+            "s3://b",
+            "s3://b/",
+            "s3:///k",
+            "s3://b/a//c",
+            "s3://b/a/../c",
+            "http://b/k",
+            "file://relative/x",
+            "file:///",
+            "/tmp/x",
+        ] {
+            assert!(Location::parse(uri, false).is_err(), "{uri}");
+        }
+        assert!(Location::parse("s3://b/prefix/", true).is_ok());
+        assert!(Location::parse("s3://b", true).is_ok());
+    }
+
+    #[test]
+    fn virtual_hosted_endpoint_puts_the_bucket_in_the_host() {
+        assert_eq!(
+            endpoint_for("http://127.0.0.1:9000/", "data", true).unwrap(),
+            "http://data.127.0.0.1:9000"
+        );
+        assert_eq!(
+            endpoint_for("http://127.0.0.1:9000/", "data", false).unwrap(),
+            "http://127.0.0.1:9000"
+        );
+        assert!(endpoint_for("ftp://x", "data", false).is_err());
+    }
+
+    #[test]
+    fn debug_hides_the_secret() {
+        let config = StoreConfig {
+            s3_base_url: None,
+            region: "us-east-1".into(),
+            access_key_id: Some("AKID".into()),
+            secret_access_key: Some("very-secret".into()),
+            virtual_hosted_style_request: false,
+        };
+        assert!(!format!("{config:?}").contains("very-secret"));
+    }
+}
