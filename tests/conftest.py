@@ -8,7 +8,7 @@ Fixtures
                    Set ``SYVAIN_TEST_S3_ENDPOINT``, ``SYVAIN_TEST_S3_ACCESS_KEY_ID`` and
                    ``SYVAIN_TEST_S3_SECRET_ACCESS_KEY`` (optionally ``SYVAIN_TEST_S3_REGION``)
                    to use an already running server instead.
-``s3_bucket``      the test bucket name (``"syvain-test"``).
+``s3_bucket``      (session) the test bucket name (``"syvain-test"``).
 ``unique_prefix``  a fresh key prefix per test, e.g. ``"test_put-1f0c9a..."``: no leading or
                    trailing slash, so use ``f"s3://{s3_bucket}/{unique_prefix}/name"``.
 ``fault_proxy``    a started ``FaultProxy`` in front of the S3 server, stopped after the test;
@@ -50,9 +50,9 @@ def seaweed() -> Iterator[SeaweedServer]:
         yield server
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def s3_bucket(seaweed: SeaweedServer) -> str:
-    """Name of the bucket tests write to."""
+    """Name of the bucket tests write to (session scope, so module fixtures may use it)."""
     return TEST_BUCKET
 
 

@@ -304,10 +304,11 @@ def _log_tail(path: Path, lines: int = 40) -> str:
 
 
 def _parent_death_signal() -> None:
-    """In the child before exec: die with SIGTERM if the test process dies (Linux only)."""
+    """In the child before exec: get SIGKILL if the test process dies (Linux only), so a
+    crashed or killed pytest leaves no server behind (only its temp dir)."""
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
 
 
 def _stop_process(proc: subprocess.Popen[bytes], grace: float = 15.0) -> None:

@@ -204,7 +204,7 @@ def _floats(value: Any) -> Iterable[float]:
 def test_jsonl_bytes_match_json_dumps_and_gzip() -> None:
     records = common_records() + random_records(3, 2000)
     records.append({"nan": math.nan, "inf": math.inf, "ninf": -math.inf, "big": 10**30})
-    records.append({1: "int key", 2.5: "float", True: "bool", None: "none", "s": "str"})
+    records.append({1: "int key", 2.5: "float", False: "bool", None: "none", "s": "str"})
     records.append({"text": "repetitive line of text " * 50_000})
     body = jsonl_body(records)
     ours = encode(JSONL, records[:5], [], records[5:1000], records[1000:])
@@ -242,17 +242,14 @@ def test_identical_records_give_identical_bytes() -> None:
         (["not", "a", "mapping"], "is not a mapping"),
         ({"x": object()}, "object"),
         ({"x": {1j: 1}}, "complex"),
-        ({"x": 2**64}, None),
         ({"x": "\ud800"}, "lone surrogate"),
     ],
 )
 def test_encoder_rejects_records_without_writing(
-    data_format: str, record: Any, message: str | None
+    data_format: str, record: Any, message: str
 ) -> None:
     encoder = ShardEncoder(data_format)
     first = encoder.encode([{"a": 1}])
-    if data_format == JSONL and record == {"x": 2**64}:
-        pytest.skip("JSON writes big ints")
     with pytest.raises(ValueError, match=message) as info:
         encoder.encode([{"ok": 1}, record])
     assert f"Cannot write {data_format} record 1" in str(info.value)
@@ -261,11 +258,14 @@ def test_encoder_rejects_records_without_writing(
     assert first + rest == encode(data_format, [{"a": 1}, {"b": 2}])
 
 
-def test_msgpack_requires_str_keys_at_every_depth() -> None:
+def test_msgpack_requires_str_keys_and_64_bit_ints() -> None:
     encoder = ShardEncoder(MSGPACK)
     for record in ({1: "a"}, {"a": {"b": {2: 3}}}, {"a": [{"b": 1}, {None: 1}]}):
         with pytest.raises(ValueError, match="map key is"):
             encoder.encode([record])
+    for value in (2**64, -(2**63) - 1):
+        with pytest.raises(ValueError, match="outside -2\\*\\*63..2\\*\\*64-1"):
+            encoder.encode([{"x": [value]}])
     with pytest.raises(ValueError, match="bytes is not JSON serializable"):
         ShardEncoder(JSONL).encode([{"b": b"x"}])
     assert encoder.records == 0 and encoder.bytes_written == 0
@@ -551,4 +551,5 @@ def test_corruption_sweep(data_format: str, caplog: pytest.LogCaptureFixture) ->
         else:
             assert len(got) == len(records), seed
             outcomes["records"] += 1
-    assert outcomes["error"] > 100, outcomes
+    # Most damage must be caught; a few flips only change a value.
+    assert outcomes["error"] >= 150, outcomes

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
 from fault_proxy import (
     FaultProxy,
     close_before_headers,
@@ -119,7 +120,9 @@ class RawConnection:
             headers[name.strip().lower()] = value.strip()
         return int(lines[0].split(" ")[1]), headers
 
-    def read_response(self, method: str = "GET", timeouts: tuple[float, ...] = (10.0,)) -> RawResponse:
+    def read_response(
+        self, method: str = "GET", timeouts: tuple[float, ...] = (10.0,)
+    ) -> RawResponse:
         """Reads a head and its Content-Length body. Each entry of ``timeouts`` is one read
         phase: a phase ending in a socket timeout is recorded and the next phase continues."""
         started = time.monotonic()
@@ -159,7 +162,7 @@ class RawConnection:
         return self.read_response(method, timeouts)  # type: ignore[arg-type]
 
     def wait_closed(self, timeout: float = 5.0) -> str:
-        """"eof" or "reset" once the peer closed; "open" if it did not within ``timeout``."""
+        """ "eof" or "reset" once the peer closed; "open" if it did not within ``timeout``."""
         self.sock.settimeout(timeout)
         try:
             while self.sock.recv(65536):
@@ -289,9 +292,9 @@ def test_start_failure_reports_the_log_tail(tmp_path: Path) -> None:
     fake = tmp_path / "weed"
     fake.write_text("#!/bin/sh\necho 'fatal: the fake weed broke on purpose' >&2\nexit 3\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    with pytest.raises(SeaweedStartError, match="(?s)exited with code 3.*broke on purpose"):
-        with start_seaweed(weed_binary=str(fake)):
-            pass
+    expected = "(?s)exited with code 3.*broke on purpose"
+    with pytest.raises(SeaweedStartError, match=expected), start_seaweed(weed_binary=str(fake)):
+        pass
 
 
 def test_start_timeout_is_bounded_and_kills_the_process(tmp_path: Path) -> None:
@@ -299,9 +302,11 @@ def test_start_timeout_is_bounded_and_kills_the_process(tmp_path: Path) -> None:
     fake.write_text("#!/bin/sh\necho 'still thinking'\nexec sleep 60\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     started = time.monotonic()
-    with pytest.raises(SeaweedStartError, match="(?s)not ready after.*still thinking"):
-        with start_seaweed(weed_binary=str(fake), startup_timeout=1.0):
-            pass
+    with (
+        pytest.raises(SeaweedStartError, match="(?s)not ready after.*still thinking"),
+        start_seaweed(weed_binary=str(fake), startup_timeout=1.0),
+    ):
+        pass
     assert time.monotonic() - started < 10
 
 

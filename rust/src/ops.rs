@@ -45,7 +45,8 @@ where
 
 /// Sleeps with the GIL released, waking for Ctrl-C.
 pub fn sleep(py: Python<'_>, delay: Duration) -> NativeResult<()> {
-    wait(py, tokio::time::sleep(delay))
+    // The timer must be created inside the runtime, so it is built in the async block.
+    wait(py, async move { tokio::time::sleep(delay).await })
 }
 
 /// Logs one WARNING line on the package's storage logger.
