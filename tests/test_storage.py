@@ -18,9 +18,20 @@ from collections.abc import Iterator
 
 import pytest
 
-from fault_proxy import FaultProxy, close_before_headers, reset_after, short_body, stall_after, status
-from syvain_training_data import ObjectChangedError, StorageRetryExhaustedError, SyvainTrainingData
-from syvain_training_data import storage
+from fault_proxy import (
+    FaultProxy,
+    close_before_headers,
+    reset_after,
+    short_body,
+    stall_after,
+    status,
+)
+from syvain_training_data import (
+    ObjectChangedError,
+    StorageRetryExhaustedError,
+    SyvainTrainingData,
+    storage,
+)
 from syvain_training_data.storage import StorageConfig
 from syvain_training_data.testing import storage_policy
 
@@ -127,7 +138,9 @@ def test_stream_round_trip_and_bounded_readahead(store_root):
         assert stream.resumes == 0
     assert first + rest == data
     # A stream may start at an offset (resumption by a caller).
-    tail = storage.open_stream(uri, size_bytes=info.size, start=len(data) - 10, storage_config=config)
+    tail = storage.open_stream(
+        uri, size_bytes=info.size, start=len(data) - 10, storage_config=config
+    )
     assert tail.read() == data[-10:]
 
 
@@ -164,7 +177,9 @@ def test_bad_endpoint_fails_at_once():
 
 def test_s3_without_credentials_fails_at_once():
     with pytest.raises(ValueError, match="no credentials"):
-        storage.get_object("s3://b/k", storage_config=StorageConfig(s3_base_url="http://127.0.0.1:1"))
+        storage.get_object(
+            "s3://b/k", storage_config=StorageConfig(s3_base_url="http://127.0.0.1:1")
+        )
 
 
 # --- credentials -----------------------------------------------------------------------------
@@ -189,7 +204,12 @@ def test_secret_never_in_repr():
     client = SyvainTrainingData(
         s3_base_url="http://127.0.0.1:9", access_key_id="AKID", secret_access_key=secret
     )
-    for text in (repr(client), str(client), repr(client.storage_config), str(client.storage_config)):
+    for text in (
+        repr(client),
+        str(client),
+        repr(client.storage_config),
+        str(client.storage_config),
+    ):
         assert secret not in text
     assert secret not in repr(storage.native_storage(client.storage_config))
 
@@ -218,7 +238,9 @@ def test_stream_survives_fault(seaweed, fault_proxy: FaultProxy, big_object, fau
         storage_policy(**FAST_BACKOFF, read_inactivity_timeout_s=1.0),
         caplog.at_level(logging.WARNING, logger="syvain_training_data.storage"),
     ):
-        stream = storage.open_stream(uri, size_bytes=info.size, etag=info.etag, storage_config=config)
+        stream = storage.open_stream(
+            uri, size_bytes=info.size, etag=info.etag, storage_config=config
+        )
         digest, total = sha256_of_stream(stream)
     assert (digest, total) == (expected_sha, BIG_SIZE)
     assert stream.resumes == len(faults)
@@ -254,7 +276,9 @@ def test_point_operations_retry(
         arm("HEAD")
         assert storage.head_object(uri, storage_config=config).size == info.size
         arm("PUT")
-        storage.put_object(small, b'{"a":1}', storage_config=config, content_type="application/json")
+        storage.put_object(
+            small, b'{"a":1}', storage_config=config, content_type="application/json"
+        )
         arm("GET")
         assert storage.get_object(small, storage_config=config) == b'{"a":1}'
     retried = [r.getMessage().split()[1] for r in caplog.records if "Retrying" in r.getMessage()]
@@ -262,7 +286,9 @@ def test_point_operations_retry(
     assert fault_proxy.faults_applied == len(operations)
 
 
-def test_object_overwritten_between_ranges_fails_closed(seaweed, fault_proxy, s3_bucket, unique_prefix):
+def test_object_overwritten_between_ranges_fails_closed(
+    seaweed, fault_proxy, s3_bucket, unique_prefix
+):
     uri = f"s3://{s3_bucket}/{unique_prefix}/overwritten.bin"
     direct = config_for(seaweed)
     data = random.Random(3).randbytes(16 * MIB)
@@ -308,9 +334,8 @@ def test_spec_policy_is_the_default():
     with storage_policy(max_attempts=2):
         assert _native.get_storage_policy()["max_attempts"] == 2
     assert _native.get_storage_policy() == SPEC_POLICY
-    with pytest.raises(TypeError):
-        with storage_policy(bogus=1):
-            pass
+    with pytest.raises(TypeError), storage_policy(bogus=1):
+        pass
 
 
 # --- Ctrl-C ----------------------------------------------------------------------------------
@@ -354,7 +379,9 @@ def test_ctrl_c_interrupts_a_blocked_read(seaweed, fault_proxy, big_object):
 
 def _read_sha(args: tuple[str, int, str, StorageConfig]) -> str:
     uri, size, etag, config = args
-    digest, _ = sha256_of_stream(storage.open_stream(uri, size_bytes=size, etag=etag, storage_config=config))
+    digest, _ = sha256_of_stream(
+        storage.open_stream(uri, size_bytes=size, etag=etag, storage_config=config)
+    )
     return digest
 
 

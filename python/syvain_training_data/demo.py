@@ -19,7 +19,42 @@ from syvain_training_data.client import SyvainTrainingData
 from syvain_training_data.shard import iter_shard
 from syvain_training_data.storage import head_object, put_object
 
-WORDS = "the of and to in is was for on as with by at from that this which be are or an".split()
+WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "as",
+    "with",
+    "by",
+    "at",
+    "from",
+    "that",
+    "this",
+    "which",
+    "be",
+    "are",
+    "or",
+    "an",
+    "data",
+    "model",
+    "train",
+    "shard",
+    "record",
+    "token",
+    "stream",
+    "store",
+    "byte",
+    "resume",
+    "loader",
+    "split",
+    "stage",
+]
 
 
 def generate_records(count: int, seed: int = 0) -> Iterator[dict[str, Any]]:
@@ -70,7 +105,12 @@ def run_demo(root: Path | None = None, records: int = 20_000) -> None:
                 "train": {
                     "records": records,
                     "shards": [
-                        {"uri": shard_uri, "records": records, "size_bytes": info.size, "etag": info.etag}
+                        {
+                            "uri": shard_uri,
+                            "records": records,
+                            "size_bytes": info.size,
+                            "etag": info.etag,
+                        }
                     ],
                 }
             },

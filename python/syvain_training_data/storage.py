@@ -63,7 +63,9 @@ class StorageConfig(BaseModel):
     ) -> StorageConfig:
         """Builds a config from plain strings (the secret is wrapped as a ``SecretStr``)."""
         secret = (
-            SecretStr(secret_access_key) if isinstance(secret_access_key, str) else secret_access_key
+            SecretStr(secret_access_key)
+            if isinstance(secret_access_key, str)
+            else secret_access_key
         )
         return cls(
             s3_base_url=s3_base_url,
@@ -147,7 +149,9 @@ def delete_object(uri: str, *, storage_config: StorageConfig | None = None) -> N
     _client(storage_config).delete(uri)
 
 
-def list_objects(prefix_uri: str, *, storage_config: StorageConfig | None = None) -> list[ObjectInfo]:
+def list_objects(
+    prefix_uri: str, *, storage_config: StorageConfig | None = None
+) -> list[ObjectInfo]:
     """Every object under a prefix, sorted by URI. The prefix is a "directory":
     ``s3://b/a`` lists ``s3://b/a/...``, not ``s3://b/ab``."""
     return [

@@ -25,12 +25,16 @@ type StoreCache = Mutex<HashMap<String, (u32, Arc<dyn ObjectStore>)>>;
 /// A storage client for s3:// and file:// URIs. Holds credentials; never shows the secret.
 #[pyclass(module = "syvain_training_data._native", frozen)]
 pub struct NativeStorage {
-    config: StoreConfig,
+    pub(crate) config: StoreConfig,
     stores: Arc<StoreCache>,
 }
 
 impl NativeStorage {
-    fn store(&self, location: &Location, fresh: bool) -> NativeResult<Arc<dyn ObjectStore>> {
+    pub(crate) fn store(
+        &self,
+        location: &Location,
+        fresh: bool,
+    ) -> NativeResult<Arc<dyn ObjectStore>> {
         let pid = std::process::id();
         let key = location.store_key();
         let mut stores = self.stores.lock().unwrap_or_else(|p| p.into_inner());
@@ -80,7 +84,11 @@ impl NativeStorage {
     }
 }
 
-fn object_attributes(location: &Location, content_type: Option<String>, metadata: HashMap<String, String>) -> Attributes {
+fn object_attributes(
+    location: &Location,
+    content_type: Option<String>,
+    metadata: HashMap<String, String>,
+) -> Attributes {
     let mut attributes = Attributes::new();
     // The local directory store keeps no attributes; its files are the bytes alone.
     if location.is_local() {
@@ -158,7 +166,10 @@ impl NativeStorage {
             let store = self.store(&location, fresh)?;
             let (path, uri) = (path.clone(), owned_uri.clone());
             Ok(async move {
-                let meta = store.head(&path).await.map_err(|e| classify(&uri, e, None))?;
+                let meta = store
+                    .head(&path)
+                    .await
+                    .map_err(|e| classify(&uri, e, None))?;
                 Ok((meta.size, meta.e_tag.unwrap_or_default()))
             })
         })
@@ -187,7 +198,11 @@ impl NativeStorage {
             let store = self.store(&location, fresh)?;
             let (path, uri, payload) = (path.clone(), owned_uri.clone(), payload.clone());
             let options = PutOptions {
-                mode: if create_only { PutMode::Create } else { PutMode::Overwrite },
+                mode: if create_only {
+                    PutMode::Create
+                } else {
+                    PutMode::Overwrite
+                },
                 attributes: attributes.clone(),
                 ..Default::default()
             };
@@ -239,7 +254,13 @@ impl NativeStorage {
                 };
                 Ok(objects
                     .into_iter()
-                    .map(|m| (location.uri_of(&m.location), m.size, m.e_tag.unwrap_or_default()))
+                    .map(|m| {
+                        (
+                            location.uri_of(&m.location),
+                            m.size,
+                            m.e_tag.unwrap_or_default(),
+                        )
+                    })
                     .collect::<Vec<_>>())
             })
         })?;
@@ -427,11 +448,14 @@ pub fn set_storage_policy(
     stream_response_deadline_s: f64,
 ) -> NativeResult<()> {
     let seconds = |name: &str, value: f64| {
-        Duration::try_from_secs_f64(value)
-            .map_err(|_| NativeError::Config(format!("{name} must be a non-negative number of seconds")))
+        Duration::try_from_secs_f64(value).map_err(|_| {
+            NativeError::Config(format!("{name} must be a non-negative number of seconds"))
+        })
     };
     if max_attempts == 0 {
-        return Err(NativeError::Config("max_attempts must be at least 1".into()));
+        return Err(NativeError::Config(
+            "max_attempts must be at least 1".into(),
+        ));
     }
     policy::set(policy::Policy {
         max_attempts,
@@ -441,7 +465,10 @@ pub fn set_storage_policy(
         connect_timeout: seconds("connect_timeout_s", connect_timeout_s)?,
         read_inactivity_timeout: seconds("read_inactivity_timeout_s", read_inactivity_timeout_s)?,
         request_timeout: seconds("request_timeout_s", request_timeout_s)?,
-        stream_response_deadline: seconds("stream_response_deadline_s", stream_response_deadline_s)?,
+        stream_response_deadline: seconds(
+            "stream_response_deadline_s",
+            stream_response_deadline_s,
+        )?,
     });
     Ok(())
 }
@@ -456,8 +483,14 @@ pub fn get_storage_policy(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     dict.set_item("backoff_base_s", p.backoff_base.as_secs_f64())?;
     dict.set_item("backoff_cap_s", p.backoff_cap.as_secs_f64())?;
     dict.set_item("connect_timeout_s", p.connect_timeout.as_secs_f64())?;
-    dict.set_item("read_inactivity_timeout_s", p.read_inactivity_timeout.as_secs_f64())?;
+    dict.set_item(
+        "read_inactivity_timeout_s",
+        p.read_inactivity_timeout.as_secs_f64(),
+    )?;
     dict.set_item("request_timeout_s", p.request_timeout.as_secs_f64())?;
-    dict.set_item("stream_response_deadline_s", p.stream_response_deadline.as_secs_f64())?;
+    dict.set_item(
+        "stream_response_deadline_s",
+        p.stream_response_deadline.as_secs_f64(),
+    )?;
     Ok(dict)
 }

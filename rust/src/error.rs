@@ -3,8 +3,8 @@
 //! Messages name the object (URI) and what is wrong; they never contain a credential.
 
 use pyo3::exceptions::{
-    PyFileExistsError, PyFileNotFoundError, PyKeyboardInterrupt, PyPermissionError,
-    PyRuntimeError, PyValueError,
+    PyFileExistsError, PyFileNotFoundError, PyKeyboardInterrupt, PyPermissionError, PyRuntimeError,
+    PyValueError,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyType;
@@ -89,9 +89,9 @@ impl From<NativeError> for PyErr {
             NativeError::RetryExhausted { .. } => {
                 package_error("StorageRetryExhaustedError", message)
             }
-            NativeError::InvalidData(_) | NativeError::Storage { .. } | NativeError::Shard { .. } => {
-                PyRuntimeError::new_err(message)
-            }
+            NativeError::InvalidData(_)
+            | NativeError::Storage { .. }
+            | NativeError::Shard { .. } => PyRuntimeError::new_err(message),
             NativeError::Interrupted => PyKeyboardInterrupt::new_err("interrupted"),
             NativeError::Python(e) => e,
         }

@@ -2,16 +2,18 @@
 
 use pyo3::prelude::*;
 
-mod classify;
-mod client;
+pub(crate) mod classify;
+pub(crate) mod client;
 pub mod codec;
 pub mod error;
-mod ops;
-mod policy;
+pub(crate) mod ops;
+pub(crate) mod policy;
+mod rows;
 mod runtime;
 pub mod source;
-mod store;
+pub(crate) mod store;
 mod stream;
+mod upload;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -21,5 +23,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(client::get_storage_policy, m)?)?;
     m.add("READAHEAD_BYTES", stream::READAHEAD_BYTES)?;
     codec::register(m)?;
+    rows::register(m)?;
+    upload::register(m)?;
     Ok(())
 }

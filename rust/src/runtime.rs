@@ -15,7 +15,9 @@ static RUNTIME: Mutex<Option<(u32, Arc<Runtime>)>> = Mutex::new(None);
 /// The runtime of the current process, built on first use (and again after a fork).
 pub fn runtime() -> NativeResult<Arc<Runtime>> {
     let pid = std::process::id();
-    let mut slot = RUNTIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut slot = RUNTIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     if let Some((owner, runtime)) = slot.as_ref() {
         if *owner == pid {
             return Ok(runtime.clone());

@@ -27,7 +27,10 @@ impl fmt::Debug for StoreConfig {
             .field("s3_base_url", &self.s3_base_url)
             .field("region", &self.region)
             .field("access_key_id", &self.access_key_id)
-            .field("secret_access_key", &self.secret_access_key.as_ref().map(|_| "***"))
+            .field(
+                "secret_access_key",
+                &self.secret_access_key.as_ref().map(|_| "***"),
+            )
             .field(
                 "virtual_hosted_style_request",
                 &self.virtual_hosted_style_request,
@@ -39,9 +42,14 @@ impl fmt::Debug for StoreConfig {
 /// Where an object lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Location {
-    S3 { bucket: String, key: String },
+    S3 {
+        bucket: String,
+        key: String,
+    },
     /// An absolute filesystem path, taken literally (no percent-decoding), like an S3 key.
-    File { path: String },
+    File {
+        path: String,
+    },
 }
 
 impl Location {
@@ -187,9 +195,9 @@ fn build_s3(
         let endpoint = endpoint_for(base, bucket, config.virtual_hosted_style_request)?;
         builder = builder.with_endpoint(endpoint);
     }
-    let store = builder
-        .build()
-        .map_err(|e| NativeError::Config(format!("s3://{bucket}: invalid S3 configuration: {e}")))?;
+    let store = builder.build().map_err(|e| {
+        NativeError::Config(format!("s3://{bucket}: invalid S3 configuration: {e}"))
+    })?;
     Ok(Arc::new(store))
 }
 

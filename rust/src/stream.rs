@@ -125,7 +125,13 @@ impl StreamReader {
 
     /// Retry warnings not yet logged (the consumer logs them where it holds the GIL).
     pub fn take_warnings(&self) -> Vec<String> {
-        std::mem::take(&mut *self.shared.warnings.lock().unwrap_or_else(|p| p.into_inner()))
+        std::mem::take(
+            &mut *self
+                .shared
+                .warnings
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        )
     }
 
     /// Waits up to `timeout` for the next chunk. Blocking: call without the GIL.
@@ -201,7 +207,9 @@ fn body_stream(response: GetResult) -> BoxStream<'static, object_store::Result<B
             futures::stream::try_unfold(state, move |(file, position, end)| {
                 let path = path.clone();
                 async move {
-                    let Some(mut file) = file else { return Ok(None) };
+                    let Some(mut file) = file else {
+                        return Ok(None);
+                    };
                     if position >= end {
                         return Ok(None);
                     }
@@ -222,7 +230,9 @@ fn body_stream(response: GetResult) -> BoxStream<'static, object_store::Result<B
                     };
                     let (file, buffer) = match read {
                         Ok(Ok(done)) => done,
-                        Ok(Err(io)) => return Err(generic(format!("{}: {io}", path.display()).into())),
+                        Ok(Err(io)) => {
+                            return Err(generic(format!("{}: {io}", path.display()).into()))
+                        }
                         Err(join) => return Err(generic(Box::new(join))),
                     };
                     if buffer.is_empty() {
@@ -271,11 +281,15 @@ impl Producer {
                 return;
             }
             let result = match store.clone() {
-                Some(store) => self.attempt(store, &mut offset, &mut etag, &mut budget).await,
+                Some(store) => {
+                    self.attempt(store, &mut offset, &mut etag, &mut budget)
+                        .await
+                }
                 None => match (self.factory)() {
                     Ok(fresh) => {
                         store = Some(fresh.clone());
-                        self.attempt(fresh, &mut offset, &mut etag, &mut budget).await
+                        self.attempt(fresh, &mut offset, &mut etag, &mut budget)
+                            .await
                     }
                     Err(error) => Err(Failure::Fatal(error)),
                 },

@@ -4,12 +4,8 @@
 use _native::source::MemorySource;
 use bytes::Bytes;
 
-pub struct Input {
-    pub source: MemorySource,
-    pub declared: u64,
-}
-
-pub fn split(data: &[u8]) -> Option<Input> {
+/// `(source, declared)`, or `None` for an input too short to hold the two bytes.
+pub fn split(data: &[u8]) -> Option<(MemorySource, u64)> {
     let (&chunking, rest) = data.split_first()?;
     let (&declared, shard) = rest.split_first()?;
     let chunk = match chunking {
@@ -17,8 +13,5 @@ pub fn split(data: &[u8]) -> Option<Input> {
         n => usize::from(n),
     };
     let chunks: Vec<Bytes> = shard.chunks(chunk).map(Bytes::copy_from_slice).collect();
-    Some(Input {
-        source: MemorySource::new(chunks),
-        declared: u64::from(declared),
-    })
+    Some((MemorySource::new(chunks), u64::from(declared)))
 }

@@ -109,13 +109,24 @@ impl ShardReader {
                 State::Failed(_) => return Ok(()),
                 State::Open => {}
             }
+            // One decoder batch (<= BATCH_BYTES of payload) per call bounds the memory a call
+            // holds: 1024 records of 4 MiB would otherwise become one 4 GiB list.
+            if self.current.is_none() && !out.is_empty() {
+                return Ok(());
+            }
             match self.step(py) {
                 Ok(Some(record)) => out.push(record),
                 Ok(None) => {}
                 Err(err) => {
+                    // Ctrl-C (or another Python error) is raised now, not after the batch.
+                    let immediate = matches!(err, NativeError::Python(_));
+                    let err = PyErr::from(err);
                     self.receiver = None;
                     self.current = None;
-                    self.state = State::Failed(PyErr::from(err));
+                    self.state = State::Failed(err.clone_ref(py));
+                    if immediate {
+                        return Err(err);
+                    }
                 }
             }
         }
