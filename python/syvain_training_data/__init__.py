@@ -1,7 +1,11 @@
 """syvain-training-data: publish datasets to object stores and stream them into PyTorch."""
 
 from syvain_training_data.client import SyvainTrainingData
-from syvain_training_data.errors import ObjectChangedError, StorageRetryExhaustedError
+from syvain_training_data.errors import (
+    ObjectChangedError,
+    PublicationConflictError,
+    StorageRetryExhaustedError,
+)
 from syvain_training_data.manifest import (
     DataManifest,
     DataManifestDataFormat,
@@ -11,17 +15,20 @@ from syvain_training_data.manifest import (
     ManifestDatasetEntry,
     ManifestShard,
 )
+from syvain_training_data.saver import DatasetSaver
 from syvain_training_data.storage import StorageConfig
 
 __all__ = [
     "DataManifest",
     "DataManifestDataFormat",
+    "DatasetSaver",
     "JsonObject",
     "JsonValue",
     "ManifestCurriculumStage",
     "ManifestDatasetEntry",
     "ManifestShard",
     "ObjectChangedError",
+    "PublicationConflictError",
     "StorageConfig",
     "StorageRetryExhaustedError",
     "SyvainTrainingData",

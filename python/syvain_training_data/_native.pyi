@@ -1,5 +1,6 @@
 """Stubs for the Rust extension `syvain_training_data._native` (checked by mypy.stubtest)."""
 
+import os
 from collections.abc import Iterator
 from types import TracebackType
 from typing import final
@@ -71,3 +72,30 @@ def set_storage_policy(
     stream_response_deadline_s: float,
 ) -> None: ...
 def get_storage_policy() -> dict[str, float]: ...
+
+# rust/src/upload.rs: streaming uploads for the saver.
+SINGLE_PUT_MAX: int
+MULTIPART_THRESHOLD: int
+PART_SIZE: int
+
+def put_chunks(
+    storage: NativeStorage,
+    uri: str,
+    chunks: list[bytes],
+    *,
+    content_type: str | None = None,
+    metadata: dict[str, str] | None = None,
+    create_only: bool = False,
+) -> tuple[int, str]: ...
+def put_file(
+    storage: NativeStorage,
+    uri: str,
+    path: str | os.PathLike[str],
+    *,
+    content_type: str | None = None,
+    metadata: dict[str, str] | None = None,
+    create_only: bool = False,
+    single_put_max: int = ...,
+    multipart_threshold: int = ...,
+    part_size: int = ...,
+) -> tuple[int, str]: ...

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from pydantic import SecretStr, ValidationError
 
@@ -14,6 +15,10 @@ from syvain_training_data.manifest import (
     validate_manifest,
 )
 from syvain_training_data.storage import StorageConfig, get_object, native_storage, put_object
+
+if TYPE_CHECKING:
+    from syvain_training_data.manifest import DataManifestDataFormat
+    from syvain_training_data.saver import DatasetSaver
 
 __all__ = ["SyvainTrainingData"]
 
@@ -97,3 +102,17 @@ class SyvainTrainingData:
             content_type="application/json",
         )
         return validated
+
+    def dataset_saver(
+        self, manifest_uri: str, *, data_format: DataManifestDataFormat = "jsonl.gz"
+    ) -> DatasetSaver:
+        """A :class:`~syvain_training_data.saver.DatasetSaver` publishing the dataset whose
+        manifest goes to ``manifest_uri`` (SPEC section 5). Picklable: hand it to workers.
+
+        Raises ValueError for a prefix (ending in "/") or invalid URI, or an unknown format.
+        """
+        from syvain_training_data.saver import DatasetSaver
+
+        return DatasetSaver(
+            manifest_uri, data_format=data_format, storage_config=self._storage_config
+        )

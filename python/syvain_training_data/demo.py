@@ -122,14 +122,15 @@ def run_demo(root: Path | None = None, records: int = 20_000) -> None:
     loaded = client.load_manifest(manifest_uri)
     assert loaded == manifest
     shard = loaded.splits["train"].shards[0]
-    expected = generate_records(records)
-    count = 0
-    for record, original in zip(iter_shard(loaded.data_format, shard), expected, strict=True):
-        if record != original:
-            raise AssertionError(f"record {count} differs after the round trip")
-        count += 1
+    streamed = list(iter_shard(loaded.data_format, shard))
     read_s = time.perf_counter() - started
     print(
-        f"streamed back {count} records ({info.size / read_s / 1e6:.1f} MB/s, "
-        f"{count / read_s:,.0f} records/s); every record identical"
+        f"streamed back {len(streamed)} records in {read_s:.2f} s "
+        f"({info.size / read_s / 1e6:.1f} MB/s, {len(streamed) / read_s:,.0f} records/s)"
     )
+    for index, (record, original) in enumerate(
+        zip(streamed, generate_records(records), strict=True)
+    ):
+        if record != original:
+            raise AssertionError(f"record {index} differs after the round trip")
+    print("every record identical to what was written")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ObjectChangedError", "StorageRetryExhaustedError"]
+__all__ = ["ObjectChangedError", "PublicationConflictError", "StorageRetryExhaustedError"]
 
 
 class StorageRetryExhaustedError(RuntimeError):
@@ -16,3 +16,11 @@ class StorageRetryExhaustedError(RuntimeError):
 class ObjectChangedError(RuntimeError):
     """An immutable object changed while it was read: its etag no longer matches (If-Match
     precondition failed). The read fails closed; nothing is yielded from the new version."""
+
+
+class PublicationConflictError(RuntimeError):
+    """A publication would contradict what is already in the store: a shard, completion
+    descriptor or manifest exists with other bytes, a descriptor fails its checks (keys, schema,
+    digest, format, split, stage, URI, metadata, or its data object is missing or differs), or a
+    registration contradicts an earlier one. Nothing is overwritten; the message names the
+    object."""

@@ -1,7 +1,672 @@
-//! Placeholder registered by lib.rs; filled by its owner.
+//! Python rows from Arrow record batches, for the Parquet reader (SPEC section 3).
+//!
+//! pyarrow's `Table.to_pylist` converts a column value by value and then builds every row dict
+//! in a Python comprehension. Here a column of a supported type is read straight from pyarrow's
+//! buffers through the Arrow C data interface (the `__arrow_c_array__` capsules; nothing is
+//! copied or moved out of them), and the row dicts of a batch are built in one call with one
+//! interned key object per column. Values are exactly those of `to_pylist`: int, float (float32
+//! widened), bool, str, bytes, list (list, large_list, fixed_size_list), dict (struct), list of
+//! `(key, value)` tuples (map), None. Any other type (temporal, decimal, dictionary, views,
+//! float16, unions, ...) anywhere in a column makes `arrow_column_to_list` return None and the
+//! caller converts that column with pyarrow.
 
+use std::ffi::{c_char, c_void, CStr};
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyCapsule, PyDict, PyList, PyString, PyTuple};
 
-pub fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+/// `struct ArrowSchema` of the Arrow C data interface.
+#[repr(C)]
+struct ArrowSchema {
+    format: *const c_char,
+    name: *const c_char,
+    metadata: *const c_char,
+    flags: i64,
+    n_children: i64,
+    children: *mut *mut ArrowSchema,
+    dictionary: *mut ArrowSchema,
+    release: Option<unsafe extern "C" fn(*mut ArrowSchema)>,
+    private_data: *mut c_void,
+}
+
+/// `struct ArrowArray` of the Arrow C data interface.
+#[repr(C)]
+struct ArrowArray {
+    length: i64,
+    null_count: i64,
+    offset: i64,
+    n_buffers: i64,
+    n_children: i64,
+    buffers: *mut *const c_void,
+    children: *mut *mut ArrowArray,
+    dictionary: *mut ArrowArray,
+    release: Option<unsafe extern "C" fn(*mut ArrowArray)>,
+    private_data: *mut c_void,
+}
+
+/// The Arrow types converted here, as a tree (struct field names already as Python strings).
+enum Kind {
+    Null,
+    Bool,
+    I8,
+    I16,
+    I32,
+    I64,
+    U8,
+    U16,
+    U32,
+    U64,
+    F32,
+    F64,
+    Utf8 { large: bool },
+    Binary { large: bool },
+    FixedBinary(usize),
+    List { large: bool, item: Box<Kind> },
+    FixedList { size: usize, item: Box<Kind> },
+    Struct(Vec<(Py<PyString>, Kind)>),
+    Map { key: Box<Kind>, value: Box<Kind> },
+}
+
+impl Kind {
+    /// The (buffers, children) counts an array of this kind has in the C data interface.
+    fn layout(&self) -> (i64, i64) {
+        match self {
+            Kind::Null => (0, 0),
+            Kind::Utf8 { .. } | Kind::Binary { .. } => (3, 0),
+            Kind::List { .. } | Kind::Map { .. } => (2, 1),
+            Kind::FixedList { .. } => (1, 1),
+            Kind::Struct(fields) => (1, fields.len() as i64),
+            _ => (2, 0),
+        }
+    }
+}
+
+/// Reads a schema into a [`Kind`]; `None` for a type left to pyarrow.
+///
+/// # Safety
+/// `schema` must be a valid, unreleased `ArrowSchema` (pyarrow's export).
+unsafe fn parse_kind(py: Python<'_>, schema: &ArrowSchema) -> Option<Kind> {
+    if !schema.dictionary.is_null() || schema.format.is_null() || schema.n_children < 0 {
+        return None;
+    }
+    let format = CStr::from_ptr(schema.format).to_bytes();
+    let children: &[*mut ArrowSchema] = if schema.n_children == 0 {
+        &[]
+    } else if schema.children.is_null() {
+        return None;
+    } else {
+        std::slice::from_raw_parts(schema.children, schema.n_children as usize)
+    };
+    let child = |i: usize| -> Option<Kind> {
+        let ptr = *children.get(i)?;
+        if ptr.is_null() {
+            return None;
+        }
+        parse_kind(py, &*ptr)
+    };
+    let kind = match format {
+        b"n" => Kind::Null,
+        b"b" => Kind::Bool,
+        b"c" => Kind::I8,
+        b"s" => Kind::I16,
+        b"i" => Kind::I32,
+        b"l" => Kind::I64,
+        b"C" => Kind::U8,
+        b"S" => Kind::U16,
+        b"I" => Kind::U32,
+        b"L" => Kind::U64,
+        b"f" => Kind::F32,
+        b"g" => Kind::F64,
+        b"u" => Kind::Utf8 { large: false },
+        b"U" => Kind::Utf8 { large: true },
+        b"z" => Kind::Binary { large: false },
+        b"Z" => Kind::Binary { large: true },
+        b"+l" | b"+L" if children.len() == 1 => Kind::List {
+            large: format == b"+L",
+            item: Box::new(child(0)?),
+        },
+        b"+s" => {
+            let mut fields = Vec::with_capacity(children.len());
+            for (i, &ptr) in children.iter().enumerate() {
+                if ptr.is_null() || (*ptr).name.is_null() {
+                    return None;
+                }
+                let name = CStr::from_ptr((*ptr).name).to_str().ok()?;
+                // to_pylist refuses duplicate field names; pyarrow raises its own error.
+                if fields
+                    .iter()
+                    .any(|(n, _): &(Py<PyString>, Kind)| n.bind(py).to_str().ok() == Some(name))
+                {
+                    return None;
+                }
+                fields.push((PyString::intern(py, name).unbind(), child(i)?));
+            }
+            Kind::Struct(fields)
+        }
+        b"+m" if children.len() == 1 => match child(0)? {
+            Kind::Struct(mut entry) if entry.len() == 2 => {
+                let (_, value) = entry.pop()?;
+                let (_, key) = entry.pop()?;
+                Kind::Map {
+                    key: Box::new(key),
+                    value: Box::new(value),
+                }
+            }
+            _ => return None,
+        },
+        _ => {
+            let text = std::str::from_utf8(format).ok()?;
+            if let Some(width) = text.strip_prefix("w:") {
+                Kind::FixedBinary(width.parse().ok()?)
+            } else if let Some(size) = text.strip_prefix("+w:") {
+                if children.len() != 1 {
+                    return None;
+                }
+                Kind::FixedList {
+                    size: size.parse().ok()?,
+                    item: Box::new(child(0)?),
+                }
+            } else {
+                return None;
+            }
+        }
+    };
+    Some(kind)
+}
+
+/// A checked view of one `ArrowArray` and its children (the layout matches its [`Kind`]).
+struct Column<'a> {
+    length: usize,
+    offset: usize,
+    /// Validity bitmap; None when every value is valid.
+    validity: Option<*const u8>,
+    buffers: &'a [*const c_void],
+    children: Vec<Column<'a>>,
+}
+
+impl Column<'_> {
+    fn is_valid(&self, physical: usize) -> bool {
+        self.validity.is_none_or(|bits| unsafe { bit(bits, physical) })
+    }
+
+    fn buffer<T>(&self, index: usize) -> *const T {
+        self.buffers[index].cast()
+    }
+
+    /// List or string offset at a physical slot.
+    fn offset_at(&self, large: bool, physical: usize) -> usize {
+        unsafe {
+            if large {
+                *self.buffer::<i64>(1).add(physical) as usize
+            } else {
+                *self.buffer::<i32>(1).add(physical) as usize
+            }
+        }
+    }
+}
+
+unsafe fn bit(bits: *const u8, index: usize) -> bool {
+    (*bits.add(index >> 3) >> (index & 7)) & 1 == 1
+}
+
+/// Checks an array against its kind so that conversion only reads inside its buffers.
+///
+/// # Safety
+/// `array` must be a valid, unreleased `ArrowArray` (pyarrow's export). Offsets into child
+/// arrays are checked against the children's lengths; string and binary data buffers are not
+/// sized by the interface and are trusted as exported.
+unsafe fn view<'a>(kind: &Kind, array: &'a ArrowArray) -> Result<Column<'a>, String> {
+    let (n_buffers, n_children) = kind.layout();
+    if array.release.is_none() {
+        return Err("the Arrow array was released".into());
+    }
+    if array.length < 0 || array.offset < 0 || array.n_buffers != n_buffers {
+        return Err("unexpected Arrow array layout".into());
+    }
+    if array.n_children != n_children {
+        return Err("unexpected Arrow array children".into());
+    }
+    let length = array.length as usize;
+    let offset = array.offset as usize;
+    let buffers: &[*const c_void] = if n_buffers == 0 {
+        &[]
+    } else if array.buffers.is_null() {
+        return Err("missing Arrow buffers".into());
+    } else {
+        std::slice::from_raw_parts(array.buffers, n_buffers as usize)
+    };
+    if length > 0 && buffers.iter().skip(1).any(|b| b.is_null()) {
+        return Err("missing Arrow data buffer".into());
+    }
+    let validity = match buffers.first() {
+        Some(bits) if !bits.is_null() && array.null_count != 0 => Some(bits.cast::<u8>()),
+        _ => None,
+    };
+    let mut children = Vec::with_capacity(n_children as usize);
+    if n_children > 0 {
+        if array.children.is_null() {
+            return Err("missing Arrow children".into());
+        }
+        let raw = std::slice::from_raw_parts(array.children, n_children as usize);
+        let kinds: Vec<&Kind> = match kind {
+            Kind::List { item, .. } | Kind::FixedList { item, .. } => vec![item],
+            Kind::Struct(fields) => fields.iter().map(|(_, k)| k).collect(),
+            // The map's entries are a struct of key and value.
+            Kind::Map { .. } => vec![kind],
+            _ => vec![],
+        };
+        for (&ptr, child_kind) in raw.iter().zip(kinds) {
+            if ptr.is_null() {
+                return Err("missing Arrow child".into());
+            }
+            children.push(match kind {
+                Kind::Map { key, value } => map_entries(key, value, &*ptr)?,
+                _ => view(child_kind, &*ptr)?,
+            });
+        }
+    }
+    let column = Column {
+        length,
+        offset,
+        validity,
+        buffers,
+        children,
+    };
+    // Child ranges reached through offsets or fixed sizes must lie inside the child.
+    let (large, child_len) = match kind {
+        Kind::List { large, .. } => (*large, column.children[0].length),
+        Kind::Map { .. } => (false, column.children[0].length),
+        Kind::Utf8 { large } | Kind::Binary { large } if length > 0 => {
+            check_offsets(&column, *large, usize::MAX)?;
+            return Ok(column);
+        }
+        Kind::FixedList { size, .. } => {
+            let needed = (offset + length)
+                .checked_mul(*size)
+                .ok_or("fixed-size list too long")?;
+            if needed > column.children[0].length {
+                return Err("fixed-size list child too short".into());
+            }
+            return Ok(column);
+        }
+        Kind::Struct(_) => {
+            if column.children.iter().any(|c| c.length < offset + length) {
+                return Err("struct child too short".into());
+            }
+            return Ok(column);
+        }
+        _ => return Ok(column),
+    };
+    if length > 0 {
+        check_offsets(&column, large, child_len)?;
+    }
+    Ok(column)
+}
+
+/// A map's entries child: a struct array of exactly (key, value).
+unsafe fn map_entries<'a>(
+    key: &Kind,
+    value: &Kind,
+    entries: &'a ArrowArray,
+) -> Result<Column<'a>, String> {
+    if entries.release.is_none()
+        || entries.n_children != 2
+        || entries.children.is_null()
+        || entries.length < 0
+        || entries.offset < 0
+    {
+        return Err("unexpected Arrow map entries".into());
+    }
+    let raw = std::slice::from_raw_parts(entries.children, 2);
+    if raw.iter().any(|c| c.is_null()) {
+        return Err("missing Arrow map child".into());
+    }
+    let children = vec![view(key, &*raw[0])?, view(value, &*raw[1])?];
+    let length = entries.length as usize;
+    let offset = entries.offset as usize;
+    if children.iter().any(|c| c.length < offset + length) {
+        return Err("map entries child too short".into());
+    }
+    Ok(Column {
+        length,
+        offset,
+        validity: None,
+        buffers: &[],
+        children,
+    })
+}
+
+/// Offsets of the column's slots are non-decreasing and end inside `limit`.
+fn check_offsets(column: &Column<'_>, large: bool, limit: usize) -> Result<(), String> {
+    let mut previous = 0usize;
+    for physical in column.offset..=column.offset + column.length {
+        let raw = unsafe {
+            if large {
+                *column.buffer::<i64>(1).add(physical)
+            } else {
+                i64::from(*column.buffer::<i32>(1).add(physical))
+            }
+        };
+        if raw < 0 || (physical > column.offset && (raw as usize) < previous) {
+            return Err("invalid Arrow offsets".into());
+        }
+        previous = raw as usize;
+    }
+    if previous > limit {
+        return Err("Arrow offsets beyond the child array".into());
+    }
+    Ok(())
+}
+
+/// Reuses the int objects of recurring values within one conversion (token ids repeat across
+/// a batch): a direct-mapped table keyed by the value's low bits. Ints are immutable, so a shared
+/// object is indistinguishable from a fresh one except by `is`.
+struct IntCache<'py> {
+    mask: usize,
+    slots: Vec<Option<(i64, Bound<'py, PyAny>)>>,
+}
+
+impl<'py> IntCache<'py> {
+    /// At most 64 Ki slots; fewer for short conversions, so that the table costs no more than
+    /// the values it serves.
+    fn new(values: usize) -> Self {
+        let size = values.clamp(1, 1 << 16).next_power_of_two();
+        if std::env::var_os("NOCACHE").is_some() { return Self { mask: usize::MAX, slots: Vec::new() }; }
+        Self {
+            mask: size - 1,
+            slots: Vec::new(),
+        }
+    }
+
+    fn get(&mut self, py: Python<'py>, value: i64) -> PyResult<Bound<'py, PyAny>> {
+        if self.mask == usize::MAX { return unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyLong_FromLongLong(value)) }; }
+        if self.slots.is_empty() {
+            self.slots.resize_with(self.mask + 1, || None);
+        }
+        let slot = &mut self.slots[value as usize & self.mask];
+        if let Some((cached, object)) = slot {
+            if *cached == value {
+                return Ok(object.clone());
+            }
+        }
+        // SAFETY: a new reference or NULL with an exception set.
+        let object = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyLong_FromLongLong(value))? };
+        *slot = Some((value, object.clone()));
+        Ok(object)
+    }
+}
+
+/// Appends the Python values of logical slots `start..start + len` of `column` to `out`.
+fn convert<'py>(
+    py: Python<'py>,
+    kind: &Kind,
+    column: &Column<'_>,
+    start: usize,
+    len: usize,
+    out: &mut Vec<Bound<'py, PyAny>>,
+) -> PyResult<()> {
+    let base = column.offset + start;
+    let none = || py.None().into_bound(py);
+    macro_rules! primitive {
+        ($ty:ty, $to_py:expr) => {{
+            let data = column.buffer::<$ty>(1);
+            for physical in base..base + len {
+                out.push(if column.is_valid(physical) {
+                    let value = unsafe { *data.add(physical) };
+                    $to_py(value)?
+                } else {
+                    none()
+                });
+            }
+        }};
+    }
+    let mut ints = IntCache::new(len);
+    let mut int = |v: i64| ints.get(py, v);
+    let mut uint = |v: u64| match i64::try_from(v) {
+        Ok(v) => int(v),
+        // SAFETY: a new reference or NULL with an exception set.
+        Err(_) => unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyLong_FromUnsignedLongLong(v)) },
+    };
+    // SAFETY: a new reference or NULL with an exception set.
+    let float = |v: f64| unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyFloat_FromDouble(v)) };
+    out.reserve(len);
+    match kind {
+        Kind::Null => out.extend((0..len).map(|_| none())),
+        Kind::Bool => {
+            let data = column.buffer::<u8>(1);
+            for physical in base..base + len {
+                out.push(if column.is_valid(physical) {
+                    PyBool::new(py, unsafe { bit(data, physical) })
+                        .to_owned()
+                        .into_any()
+                } else {
+                    none()
+                });
+            }
+        }
+        Kind::I8 => primitive!(i8, |v| int(i64::from(v))),
+        Kind::I16 => primitive!(i16, |v| int(i64::from(v))),
+        Kind::I32 => primitive!(i32, |v| int(i64::from(v))),
+        Kind::I64 => primitive!(i64, int),
+        Kind::U8 => primitive!(u8, |v| uint(u64::from(v))),
+        Kind::U16 => primitive!(u16, |v| uint(u64::from(v))),
+        Kind::U32 => primitive!(u32, |v| uint(u64::from(v))),
+        Kind::U64 => primitive!(u64, uint),
+        Kind::F32 => primitive!(f32, |v| float(f64::from(v))),
+        Kind::F64 => primitive!(f64, float),
+        Kind::Utf8 { large } | Kind::Binary { large } => {
+            let data = column.buffer::<u8>(2);
+            let text = matches!(kind, Kind::Utf8 { .. });
+            for physical in base..base + len {
+                if !column.is_valid(physical) {
+                    out.push(none());
+                    continue;
+                }
+                let from = column.offset_at(*large, physical);
+                let to = column.offset_at(*large, physical + 1);
+                let bytes = unsafe { std::slice::from_raw_parts(data.add(from), to - from) };
+                out.push(if text {
+                    unsafe {
+                        Bound::from_owned_ptr_or_err(
+                            py,
+                            ffi::PyUnicode_FromStringAndSize(
+                                bytes.as_ptr().cast(),
+                                bytes.len() as ffi::Py_ssize_t,
+                            ),
+                        )?
+                    }
+                } else {
+                    PyBytes::new(py, bytes).into_any()
+                });
+            }
+        }
+        Kind::FixedBinary(width) => {
+            let data = column.buffer::<u8>(1);
+            for physical in base..base + len {
+                out.push(if column.is_valid(physical) {
+                    let bytes =
+                        unsafe { std::slice::from_raw_parts(data.add(physical * width), *width) };
+                    PyBytes::new(py, bytes).into_any()
+                } else {
+                    none()
+                });
+            }
+        }
+        Kind::List { large, item } => {
+            let first = column.offset_at(*large, base);
+            let last = column.offset_at(*large, base + len);
+            let mut items = Vec::with_capacity(last - first);
+            convert(py, item, &column.children[0], first, last - first, &mut items)?;
+            let mut items = items.into_iter();
+            for physical in base..base + len {
+                let count =
+                    column.offset_at(*large, physical + 1) - column.offset_at(*large, physical);
+                let row = items.by_ref().take(count);
+                out.push(if column.is_valid(physical) {
+                    PyList::new(py, row)?.into_any()
+                } else {
+                    row.for_each(drop);
+                    none()
+                });
+            }
+        }
+        Kind::FixedList { size, item } => {
+            let mut items = Vec::with_capacity(len * size);
+            convert(py, item, &column.children[0], base * size, len * size, &mut items)?;
+            let mut items = items.into_iter();
+            for physical in base..base + len {
+                let row = items.by_ref().take(*size);
+                out.push(if column.is_valid(physical) {
+                    PyList::new(py, row)?.into_any()
+                } else {
+                    row.for_each(drop);
+                    none()
+                });
+            }
+        }
+        Kind::Struct(fields) => {
+            let mut values = Vec::with_capacity(fields.len());
+            for ((_, field_kind), child) in fields.iter().zip(&column.children) {
+                let mut field_values = Vec::with_capacity(len);
+                convert(py, field_kind, child, base, len, &mut field_values)?;
+                values.push(field_values);
+            }
+            for (i, physical) in (base..base + len).enumerate() {
+                out.push(if column.is_valid(physical) {
+                    let dict = PyDict::new(py);
+                    for ((name, _), field_values) in fields.iter().zip(&values) {
+                        dict.set_item(name.bind(py), &field_values[i])?;
+                    }
+                    dict.into_any()
+                } else {
+                    none()
+                });
+            }
+        }
+        Kind::Map { key, value } => {
+            let first = column.offset_at(false, base);
+            let last = column.offset_at(false, base + len);
+            let entries = &column.children[0];
+            let (mut keys, mut values) = (Vec::new(), Vec::new());
+            let at = entries.offset + first;
+            convert(py, key, &entries.children[0], at, last - first, &mut keys)?;
+            convert(py, value, &entries.children[1], at, last - first, &mut values)?;
+            let mut pairs = keys.into_iter().zip(values);
+            for physical in base..base + len {
+                let count = column.offset_at(false, physical + 1) - column.offset_at(false, physical);
+                let row = pairs.by_ref().take(count);
+                out.push(if column.is_valid(physical) {
+                    let tuples = row
+                        .map(|(k, v)| PyTuple::new(py, [k, v]))
+                        .collect::<PyResult<Vec<_>>>()?;
+                    PyList::new(py, tuples)?.into_any()
+                } else {
+                    row.for_each(drop);
+                    none()
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The capsule's pointer, after checking its name (the PyCapsule interface of Arrow).
+fn capsule_pointer<T>(capsule: &Bound<'_, PyCapsule>, name: &CStr) -> PyResult<*mut T> {
+    if capsule.name()? != Some(name) {
+        return Err(PyTypeError::new_err(format!(
+            "expected a PyCapsule named {:?}",
+            name.to_string_lossy()
+        )));
+    }
+    let pointer = capsule.pointer().cast::<T>();
+    if pointer.is_null() {
+        return Err(PyValueError::new_err("empty Arrow capsule"));
+    }
+    Ok(pointer)
+}
+
+/// `array.to_pylist()` for a pyarrow array given as `array.__arrow_c_array__()`, or None when
+/// its type (at any depth) is not one converted here.
+///
+/// Raises ValueError for a released or inconsistent array, UnicodeDecodeError for a string
+/// that is not UTF-8.
+#[pyfunction]
+fn arrow_column_to_list<'py>(
+    py: Python<'py>,
+    schema: &Bound<'py, PyCapsule>,
+    array: &Bound<'py, PyCapsule>,
+) -> PyResult<Option<Bound<'py, PyList>>> {
+    let schema = capsule_pointer::<ArrowSchema>(schema, c"arrow_schema")?;
+    let array = capsule_pointer::<ArrowArray>(array, c"arrow_array")?;
+    // SAFETY: the capsules hold pyarrow's exported structs and stay alive (borrowed) for the
+    // whole call; nothing is moved out of them, so their destructors release them later.
+    unsafe {
+        if (*schema).release.is_none() {
+            return Err(PyValueError::new_err("the Arrow schema was released"));
+        }
+        let Some(kind) = parse_kind(py, &*schema) else {
+            return Ok(None);
+        };
+        let column = view(&kind, &*array).map_err(PyValueError::new_err)?;
+        let mut values = Vec::with_capacity(column.length);
+        convert(py, &kind, &column, 0, column.length, &mut values)?;
+        PyList::new(py, values).map(Some)
+    }
+}
+
+/// Row dicts from equally long columns: row i is `{names[k]: columns[k][i]}` in column order,
+/// every row sharing one interned key object per column (a repeated name keeps its first
+/// position and its last value, like `Table.to_pylist`).
+///
+/// Raises ValueError when the counts or lengths disagree.
+#[pyfunction]
+fn rows_from_columns<'py>(
+    py: Python<'py>,
+    names: Vec<Bound<'py, PyString>>,
+    columns: Vec<Bound<'py, PyList>>,
+) -> PyResult<Bound<'py, PyList>> {
+    if names.len() != columns.len() {
+        return Err(PyValueError::new_err(format!(
+            "rows_from_columns: {} names for {} columns",
+            names.len(),
+            columns.len()
+        )));
+    }
+    let rows = columns.first().map_or(0, |c| c.len());
+    if let Some(bad) = columns.iter().position(|c| c.len() != rows) {
+        return Err(PyValueError::new_err(format!(
+            "rows_from_columns: column {bad} has {} values, column 0 has {rows}",
+            columns[bad].len()
+        )));
+    }
+    let keys = names
+        .iter()
+        .map(|name| Ok(PyString::intern(py, &name.to_cow()?)))
+        .collect::<PyResult<Vec<_>>>()?;
+    let mut dicts = Vec::with_capacity(rows);
+    for row in 0..rows {
+        let dict = PyDict::new(py);
+        for (key, column) in keys.iter().zip(&columns) {
+            // SAFETY: `row` is in bounds (lengths checked above, and nothing runs Python code
+            // that could shrink the lists: exact str keys hash and compare without it); the
+            // item is borrowed and PyDict_SetItem takes its own reference.
+            unsafe {
+                let value = ffi::PyList_GetItem(column.as_ptr(), row as ffi::Py_ssize_t);
+                if value.is_null() || ffi::PyDict_SetItem(dict.as_ptr(), key.as_ptr(), value) != 0
+                {
+                    return Err(PyErr::fetch(py));
+                }
+            }
+        }
+        dicts.push(dict);
+    }
+    PyList::new(py, dicts)
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(arrow_column_to_list, m)?)?;
+    m.add_function(wrap_pyfunction!(rows_from_columns, m)?)?;
     Ok(())
 }

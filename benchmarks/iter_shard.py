@@ -1,0 +1,234 @@
+"""Shard codec benchmark: `iter_shard` and the native encoders beside the C-library floor.
+
+Prints one JSON line per case. Every ratio compares figures measured in this run on the same
+bytes (best of --repeat runs each, interleaved), so machine noise cancels out as far as it can.
+
+Decoding: records/s of `iter_shard` from the local directory store and from SeaweedFS, and the
+floor on the same shard bytes held in memory:
+  msgpack.zstf  a Python loop of zstandard decompress + msgspec.msgpack.decode per frame
+  jsonl.gz      zlib.decompress of the whole body + orjson.loads per line
+  parquet       pyarrow.parquet.read_table + Table.to_pylist
+Encoding: records/s of `ShardEncoder` (and the Parquet writer) against msgspec/orjson +
+zstandard/zlib level 6 (pyarrow for Parquet), same records.
+
+Run: .venv/bin/python benchmarks/iter_shard.py  (build with `maturin develop --release` first)
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import random
+import struct
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import zstandard
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from seaweed import start_seaweed  # noqa: E402
+from syvain_training_data import ManifestShard, _native, storage  # noqa: E402
+from syvain_training_data.shard import iter_shard  # noqa: E402
+from syvain_training_data.storage import StorageConfig  # noqa: E402
+
+WORDS = [f"w{i}" for i in range(2000)] + ["the", "of", "and", "data", "model", "training"]
+
+
+def text_records(count: int) -> list[dict[str, Any]]:
+    rng = random.Random(1)
+    return [
+        {
+            "id": f"doc-{i:09d}",
+            "text": " ".join(rng.choice(WORDS) for _ in range(220)),
+            "tokens": [rng.randrange(50_000) for _ in range(256)],
+            "meta": {"source": "bench", "lang": "en", "score": rng.random()},
+        }
+        for i in range(count)
+    ]
+
+
+def small_records(count: int) -> list[dict[str, Any]]:
+    rng = random.Random(2)
+    return [
+        {"id": i, "label": rng.randrange(10), "weight": rng.random(), "name": f"n{i}"}
+        for i in range(count)
+    ]
+
+
+def best_rate(records: int, run: Callable[[], object], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - started)
+    return records / best
+
+
+def encode_native(data_format: str, records: list[dict[str, Any]]) -> bytes:
+    if data_format == "parquet":
+        from syvain_training_data.formats.parquet import write_parquet_shard
+
+        sink = io.BytesIO()
+        write_parquet_shard(records, sink)
+        return sink.getvalue()
+    encoder = _native.ShardEncoder(data_format)
+    pieces = [encoder.encode(records[i : i + 1024]) for i in range(0, len(records), 1024)]
+    pieces.append(encoder.finish())
+    return b"".join(pieces)
+
+
+def encode_floor(data_format: str, records: list[dict[str, Any]]) -> bytes:
+    if data_format == "msgpack.zstf":
+        compressor = zstandard.ZstdCompressor(level=3, write_content_size=True)
+        encode = msgspec.msgpack.Encoder().encode
+        out = bytearray()
+        for record in records:
+            frame = compressor.compress(encode(record))
+            out += struct.pack(">Q", len(frame))
+            out += frame
+        return bytes(out)
+    if data_format == "jsonl.gz":
+        body = b"".join(orjson.dumps(r) + b"\n" for r in records)
+        gzip = zlib.compressobj(6, zlib.DEFLATED, 31)
+        return gzip.compress(body) + gzip.flush()
+    sink = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(records), sink, compression="zstd")
+    return sink.getvalue()
+
+
+def decode_floor(data_format: str, data: bytes) -> Callable[[], object]:
+    if data_format == "msgpack.zstf":
+        decompressor = zstandard.ZstdDecompressor()
+        decode = msgspec.msgpack.Decoder().decode
+
+        def run() -> list[Any]:
+            out = []
+            view = memoryview(data)
+            offset = 0
+            while offset < len(view):
+                (length,) = struct.unpack_from(">Q", view, offset)
+                offset += 8
+                out.append(decode(decompressor.decompress(view[offset : offset + length])))
+                offset += length
+            return out
+
+        return run
+    if data_format == "jsonl.gz":
+
+        def run() -> list[Any]:
+            body = zlib.decompress(data, 31)
+            return [orjson.loads(line) for line in body.split(b"\n") if line]
+
+        return run
+
+    def run() -> list[Any]:
+        return pq.read_table(io.BytesIO(data)).to_pylist()
+
+    return run
+
+
+def consume(records: Iterable[object]) -> int:
+    count = 0
+    for _ in records:
+        count += 1
+    return count
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--text-records", type=int, default=20_000)
+    parser.add_argument("--small-records", type=int, default=300_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--formats", default="msgpack.zstf,jsonl.gz,parquet")
+    args = parser.parse_args()
+    shapes = {
+        "text": text_records(args.text_records),
+        "small": small_records(args.small_records),
+    }
+    root = Path(tempfile.mkdtemp(prefix="syvain-bench-"))
+    with start_seaweed(buckets=("bench",)) as server:
+        s3 = StorageConfig.create(
+            s3_base_url=server.endpoint,
+            region=server.region,
+            access_key_id=server.access_key_id,
+            secret_access_key=server.secret_access_key,
+        )
+        for shape, records in shapes.items():
+            for data_format in args.formats.split(","):
+                n = len(records)
+                ours_encode = best_rate(
+                    n, lambda f=data_format, r=records: encode_native(f, r), args.repeat
+                )
+                floor_encode = best_rate(
+                    n, lambda f=data_format, r=records: encode_floor(f, r), args.repeat
+                )
+                print(
+                    json.dumps(
+                        {
+                            "case": "encode",
+                            "shape": shape,
+                            "format": data_format,
+                            "records": n,
+                            "ours_records_per_s": round(ours_encode),
+                            "floor_records_per_s": round(floor_encode),
+                            "ratio": round(ours_encode / floor_encode, 3),
+                        }
+                    ),
+                    flush=True,
+                )
+                data = encode_native(data_format, records)
+                shards = {}
+                for source, base, config in (
+                    ("local", f"file://{root}", StorageConfig()),
+                    ("seaweedfs", "s3://bench", s3),
+                ):
+                    uri = f"{base}/{shape}.{data_format}"
+                    info = storage.put_object(uri, data, storage_config=config)
+                    shards[source] = (
+                        ManifestShard(uri=uri, records=n, size_bytes=info.size, etag=info.etag),
+                        config,
+                    )
+                floor = decode_floor(data_format, data)
+                assert consume(floor()) == n  # type: ignore[arg-type]
+                rates = {"floor": best_rate(n, floor, args.repeat)}
+                for source, (shard, config) in shards.items():
+                    assert consume(iter_shard(data_format, shard, storage_config=config)) == n
+                    rates[source] = best_rate(
+                        n,
+                        lambda s=shard, c=config, f=data_format: consume(
+                            iter_shard(f, s, storage_config=c)
+                        ),
+                        args.repeat,
+                    )
+                print(
+                    json.dumps(
+                        {
+                            "case": "decode",
+                            "shape": shape,
+                            "format": data_format,
+                            "records": n,
+                            "shard_bytes": len(data),
+                            "local_records_per_s": round(rates["local"]),
+                            "seaweedfs_records_per_s": round(rates["seaweedfs"]),
+                            "floor_records_per_s": round(rates["floor"]),
+                            "ratio_local": round(rates["local"] / rates["floor"], 3),
+                            "ratio_seaweedfs": round(rates["seaweedfs"] / rates["floor"], 3),
+                        }
+                    ),
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Saver throughput: records/s into finished deterministic shards on SeaweedFS, 1 and 2
+processes, per format, beside the encode floor (msgspec/orjson + zstandard/zlib in Python)
+measured in the same run. Prints one JSON line per case.
+
+    .venv/bin/maturin develop --release && .venv/bin/python benchmarks/saver.py [--records N]
+
+Targets (issue 4): one process >= 0.7 of the encode floor; two processes >= 1.6 x one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import random
+import sys
+import time
+import uuid
+import zlib
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from seaweed import start_seaweed  # noqa: E402
+from syvain_training_data import DatasetSaver  # noqa: E402
+from syvain_training_data.storage import StorageConfig  # noqa: E402
+
+WORDS = ("the of and to in is that for it as was with be by on not he this are or his from").split()  # noqa: SIM905
+SHARDS = 8
+
+
+def make_records(count: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    return [
+        {
+            "id": f"doc-{i:08d}",
+            "text": " ".join(rng.choice(WORDS) for _ in range(220)),
+            "tokens": [rng.randrange(50_000) for _ in range(256)],
+            "meta": {"source": "bench", "index": i, "score": rng.random()},
+        }
+        for i in range(count)
+    ]
+
+
+def encode_floor(data_format: str, records: list[dict]) -> float:
+    """records/s of the plain-Python codec path: serialize each record, compress, frame."""
+    import msgspec
+    import orjson
+    import zstandard
+
+    started = time.perf_counter()
+    if data_format == "msgpack.zstf":
+        encoder = msgspec.msgpack.Encoder()
+        compressor = zstandard.ZstdCompressor(level=3, write_content_size=True)
+        out = bytearray()
+        for record in records:
+            frame = compressor.compress(encoder.encode(record))
+            out += len(frame).to_bytes(8, "big")
+            out += frame
+    elif data_format == "jsonl.gz":
+        compressor = zlib.compressobj(6, zlib.DEFLATED, 31)
+        out = bytearray()
+        for record in records:
+            out += compressor.compress(orjson.dumps(record) + b"\n")
+        out += compressor.flush()
+    else:
+        import io
+
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        sink = io.BytesIO()
+        table = pa.Table.from_pylist(records)
+        pq.write_table(table, sink, compression="zstd")
+    return len(records) / (time.perf_counter() - started)
+
+
+def save_shards(
+    saver: DatasetSaver, records: list[dict], shard_ids: list[int], per_shard: int
+) -> None:
+    for index in shard_ids:
+        rows = records[index * per_shard : (index + 1) * per_shard]
+        saver.save("train", None, rows, shard_id=f"part-{index:05d}")
+
+
+def run_case(saver: DatasetSaver, records: list[dict], processes: int) -> float:
+    per_shard = len(records) // SHARDS
+    started = time.perf_counter()
+    if processes == 1:
+        save_shards(saver, records, list(range(SHARDS)), per_shard)
+    else:
+        context = multiprocessing.get_context("fork")  # the records are shared, not pickled
+        workers = [
+            context.Process(
+                target=save_shards,
+                args=(saver, records, list(range(w, SHARDS, processes)), per_shard),
+            )
+            for w in range(processes)
+        ]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+            assert worker.exitcode == 0
+    elapsed = time.perf_counter() - started
+    manifest = saver.commit_manifest()
+    assert manifest.splits["train"].records == per_shard * SHARDS
+    return per_shard * SHARDS / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--records", type=int, default=40_000)
+    parser.add_argument("--formats", default="msgpack.zstf,jsonl.gz,parquet")
+    args = parser.parse_args()
+    records = make_records(args.records)
+    with start_seaweed(("bench",)) as server:
+        config = StorageConfig.create(
+            s3_base_url=server.endpoint,
+            region=server.region,
+            access_key_id=server.access_key_id,
+            secret_access_key=server.secret_access_key,
+        )
+        for data_format in args.formats.split(","):
+            if data_format == "parquet":
+                try:
+                    import syvain_training_data.formats.parquet  # noqa: F401
+                except ImportError:
+                    print(json.dumps({"format": data_format, "skipped": "no parquet writer yet"}))
+                    continue
+            floor = encode_floor(data_format, records)
+            one = None
+            for processes in (1, 2):
+                saver = DatasetSaver(
+                    f"s3://bench/{uuid.uuid4().hex}/data-manifest.json",
+                    data_format=data_format,  # type: ignore[arg-type]
+                    storage_config=config,
+                )
+                rate = run_case(saver, records, processes)
+                one = one or rate
+                print(
+                    json.dumps(
+                        {
+                            "format": data_format,
+                            "processes": processes,
+                            "records": len(records),
+                            "records_per_s": round(rate),
+                            "encode_floor_records_per_s": round(floor),
+                            "vs_floor": round(rate / floor, 2),
+                            "vs_one_process": round(rate / one, 2),
+                        }
+                    ),
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
