@@ -1,9 +1,9 @@
 """Stubs for the Rust extension `syvain_training_data._native` (checked by mypy.stubtest)."""
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
-from typing import final
+from typing import Any, final
 
 READAHEAD_BYTES: int
 
@@ -13,7 +13,7 @@ class NativeStorage:
         cls,
         *,
         s3_base_url: str | None = None,
-        region: str = "us-east-1",
+        region: str = ...,  # "us-east-1"
         access_key_id: str | None = None,
         secret_access_key: str | None = None,
         virtual_hosted_style_request: bool = False,
@@ -34,11 +34,20 @@ class NativeStorage:
     def open_stream(
         self, uri: str, size_bytes: int, *, etag: str | None = None, start: int = 0
     ) -> ObjectStream: ...
+    def open_shard(
+        self,
+        uri: str,
+        data_format: str,
+        *,
+        size_bytes: int,
+        records: int,
+        etag: str | None = None,
+    ) -> ShardReader: ...
 
 @final
 class ObjectStream:
     def read_chunk(self) -> bytes | None: ...
-    def read(self, size: int = -1) -> bytes: ...
+    def read(self, size: int = ...) -> bytes: ...  # -1: everything left
     def __iter__(self) -> Iterator[bytes]: ...
     def __next__(self) -> bytes: ...
     def close(self) -> None: ...
@@ -99,3 +108,32 @@ def put_file(
     multipart_threshold: int = ...,
     part_size: int = ...,
 ) -> tuple[int, str]: ...
+
+# rust/src/codec: shard readers and writers (SPEC section 3).
+@final
+class ShardReader:
+    def next_batch(self, max_records: int = 1024) -> list[dict[str, Any]]: ...
+    def __iter__(self) -> ShardReader: ...
+    def __next__(self) -> dict[str, Any]: ...
+    @property
+    def records_yielded(self) -> int: ...
+    @property
+    def uri(self) -> str: ...
+    @property
+    def data_format(self) -> str: ...
+
+@final
+class ShardEncoder:
+    def __new__(cls, data_format: str) -> ShardEncoder: ...
+    def encode(self, records: Iterable[Mapping[Any, Any]]) -> bytes: ...
+    def finish(self) -> bytes: ...
+    @property
+    def records(self) -> int: ...
+    @property
+    def bytes_written(self) -> int: ...
+    @property
+    def data_format(self) -> str: ...
+
+def shard_reader_from_bytes(
+    data_format: str, uri: str, data: bytes, declared_records: int, chunk_size: int | None = None
+) -> ShardReader: ...

@@ -128,9 +128,9 @@ def run_demo(root: Path | None = None, records: int = 20_000) -> None:
         f"streamed back {len(streamed)} records in {read_s:.2f} s "
         f"({info.size / read_s / 1e6:.1f} MB/s, {len(streamed) / read_s:,.0f} records/s)"
     )
-    for index, (record, original) in enumerate(
+    for index, (read_back, original) in enumerate(
         zip(streamed, generate_records(records), strict=True)
     ):
-        if record != original:
+        if read_back != original:
             raise AssertionError(f"record {index} differs after the round trip")
     print("every record identical to what was written")

@@ -37,9 +37,21 @@ def storage_policy(**overrides: float) -> Iterator[dict[str, float]]:
         raise TypeError(f"Unknown storage policy fields: {', '.join(sorted(unknown))}")
     previous = _native.get_storage_policy()
     policy = {**previous, **overrides}
-    policy["max_attempts"] = int(policy["max_attempts"])
-    _native.set_storage_policy(**policy)
+    _apply(policy)
     try:
         yield policy
     finally:
-        _native.set_storage_policy(**previous)
+        _apply(previous)
+
+
+def _apply(policy: dict[str, float]) -> None:
+    _native.set_storage_policy(
+        max_attempts=int(policy["max_attempts"]),
+        window_s=policy["window_s"],
+        backoff_base_s=policy["backoff_base_s"],
+        backoff_cap_s=policy["backoff_cap_s"],
+        connect_timeout_s=policy["connect_timeout_s"],
+        read_inactivity_timeout_s=policy["read_inactivity_timeout_s"],
+        request_timeout_s=policy["request_timeout_s"],
+        stream_response_deadline_s=policy["stream_response_deadline_s"],
+    )

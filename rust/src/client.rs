@@ -84,7 +84,8 @@ impl NativeStorage {
     }
 }
 
-fn object_attributes(
+/// Content type and metadata as object attributes (the local directory store keeps none).
+pub(crate) fn object_attributes(
     location: &Location,
     content_type: Option<String>,
     metadata: HashMap<String, String>,

@@ -1,14 +1,13 @@
 //! Python rows from Arrow record batches, for the Parquet reader (SPEC section 3).
 //!
-//! pyarrow's `Table.to_pylist` converts a column value by value and then builds every row dict
-//! in a Python comprehension. Here a column of a supported type is read straight from pyarrow's
+//! pyarrow's `Table.to_pylist` converts a table column by column and then builds every row dict
+//! in a Python comprehension. Here one call per batch reads the columns straight from pyarrow's
 //! buffers through the Arrow C data interface (the `__arrow_c_array__` capsules; nothing is
-//! copied or moved out of them), and the row dicts of a batch are built in one call with one
-//! interned key object per column. Values are exactly those of `to_pylist`: int, float (float32
-//! widened), bool, str, bytes, list (list, large_list, fixed_size_list), dict (struct), list of
-//! `(key, value)` tuples (map), None. Any other type (temporal, decimal, dictionary, views,
-//! float16, unions, ...) anywhere in a column makes `arrow_column_to_list` return None and the
-//! caller converts that column with pyarrow.
+//! copied or moved out of them) and builds the row dicts with one interned key object per
+//! column. Values are exactly those of `to_pylist`: int, float (float32 widened), bool, str,
+//! bytes, list (list, large_list, fixed_size_list), dict (struct), list of `(key, value)` tuples
+//! (map), None. A column with any other type at any depth (temporal, decimal, dictionary, views,
+//! float16, unions, ...) is converted by pyarrow through the caller's fallback.
 
 use std::ffi::{c_char, c_void, CStr};
 
@@ -188,7 +187,8 @@ struct Column<'a> {
 
 impl Column<'_> {
     fn is_valid(&self, physical: usize) -> bool {
-        self.validity.is_none_or(|bits| unsafe { bit(bits, physical) })
+        self.validity
+            .is_none_or(|bits| unsafe { bit(bits, physical) })
     }
 
     fn buffer<T>(&self, index: usize) -> *const T {
@@ -373,7 +373,6 @@ impl<'py> IntCache<'py> {
     /// the values it serves.
     fn new(values: usize) -> Self {
         let size = values.clamp(1, 1 << 16).next_power_of_two();
-        if std::env::var_os("NOCACHE").is_some() { return Self { mask: usize::MAX, slots: Vec::new() }; }
         Self {
             mask: size - 1,
             slots: Vec::new(),
@@ -381,7 +380,6 @@ impl<'py> IntCache<'py> {
     }
 
     fn get(&mut self, py: Python<'py>, value: i64) -> PyResult<Bound<'py, PyAny>> {
-        if self.mask == usize::MAX { return unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyLong_FromLongLong(value)) }; }
         if self.slots.is_empty() {
             self.slots.resize_with(self.mask + 1, || None);
         }
@@ -498,7 +496,14 @@ fn convert<'py>(
             let first = column.offset_at(*large, base);
             let last = column.offset_at(*large, base + len);
             let mut items = Vec::with_capacity(last - first);
-            convert(py, item, &column.children[0], first, last - first, &mut items)?;
+            convert(
+                py,
+                item,
+                &column.children[0],
+                first,
+                last - first,
+                &mut items,
+            )?;
             let mut items = items.into_iter();
             for physical in base..base + len {
                 let count =
@@ -514,7 +519,14 @@ fn convert<'py>(
         }
         Kind::FixedList { size, item } => {
             let mut items = Vec::with_capacity(len * size);
-            convert(py, item, &column.children[0], base * size, len * size, &mut items)?;
+            convert(
+                py,
+                item,
+                &column.children[0],
+                base * size,
+                len * size,
+                &mut items,
+            )?;
             let mut items = items.into_iter();
             for physical in base..base + len {
                 let row = items.by_ref().take(*size);
@@ -552,10 +564,18 @@ fn convert<'py>(
             let (mut keys, mut values) = (Vec::new(), Vec::new());
             let at = entries.offset + first;
             convert(py, key, &entries.children[0], at, last - first, &mut keys)?;
-            convert(py, value, &entries.children[1], at, last - first, &mut values)?;
+            convert(
+                py,
+                value,
+                &entries.children[1],
+                at,
+                last - first,
+                &mut values,
+            )?;
             let mut pairs = keys.into_iter().zip(values);
             for physical in base..base + len {
-                let count = column.offset_at(false, physical + 1) - column.offset_at(false, physical);
+                let count =
+                    column.offset_at(false, physical + 1) - column.offset_at(false, physical);
                 let row = pairs.by_ref().take(count);
                 out.push(if column.is_valid(physical) {
                     let tuples = row
@@ -587,77 +607,86 @@ fn capsule_pointer<T>(capsule: &Bound<'_, PyCapsule>, name: &CStr) -> PyResult<*
     Ok(pointer)
 }
 
-/// `array.to_pylist()` for a pyarrow array given as `array.__arrow_c_array__()`, or None when
-/// its type (at any depth) is not one converted here.
+/// One column's values for the rows of a batch.
+enum Values<'py> {
+    Native(Vec<Bound<'py, PyAny>>),
+    /// Converted by the caller (a type left to pyarrow).
+    Python(Bound<'py, PyList>),
+}
+
+/// The rows of a record batch given as `batch.__arrow_c_array__()`, exactly as
+/// `batch.to_pylist()` gives them: row i is `{name: value}` in column order, every row sharing
+/// one interned key object per column (a repeated name keeps its first position and its last
+/// value). A column of a type not converted here is asked of `fallback(index)`, which returns
+/// that column's `to_pylist()`.
 ///
-/// Raises ValueError for a released or inconsistent array, UnicodeDecodeError for a string
-/// that is not UTF-8.
+/// Raises ValueError for a released or inconsistent batch or a fallback list of the wrong
+/// length, TypeError for capsules that are not Arrow's, UnicodeDecodeError for a string that
+/// is not UTF-8, and whatever `fallback` raises.
 #[pyfunction]
-fn arrow_column_to_list<'py>(
+fn rows_from_arrow<'py>(
     py: Python<'py>,
     schema: &Bound<'py, PyCapsule>,
     array: &Bound<'py, PyCapsule>,
-) -> PyResult<Option<Bound<'py, PyList>>> {
+    fallback: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyList>> {
     let schema = capsule_pointer::<ArrowSchema>(schema, c"arrow_schema")?;
     let array = capsule_pointer::<ArrowArray>(array, c"arrow_array")?;
-    // SAFETY: the capsules hold pyarrow's exported structs and stay alive (borrowed) for the
-    // whole call; nothing is moved out of them, so their destructors release them later.
-    unsafe {
-        if (*schema).release.is_none() {
-            return Err(PyValueError::new_err("the Arrow schema was released"));
+    // SAFETY: the capsules hold pyarrow's exported structs and stay alive (borrowed by this
+    // call) until it returns; nothing is moved out of them, so their destructors release them.
+    let (keys, columns, rows) = unsafe {
+        let (schema, array) = (&*schema, &*array);
+        let fields = batch_children(schema, array).map_err(PyValueError::new_err)?;
+        let rows = array.length as usize;
+        let start = array.offset as usize;
+        let mut keys = Vec::with_capacity(fields.len());
+        let mut columns = Vec::with_capacity(fields.len());
+        for (index, (field, child)) in fields.into_iter().enumerate() {
+            let name = CStr::from_ptr(field.name).to_str().map_err(|_| {
+                PyValueError::new_err(format!("column {index} has a name that is not UTF-8"))
+            })?;
+            keys.push(PyString::intern(py, name));
+            columns.push(match parse_kind(py, field) {
+                Some(kind) => {
+                    let column = view(&kind, child).map_err(PyValueError::new_err)?;
+                    if column.length < start + rows {
+                        return Err(PyValueError::new_err("Arrow column shorter than its batch"));
+                    }
+                    let mut values = Vec::with_capacity(rows);
+                    convert(py, &kind, &column, start, rows, &mut values)?;
+                    Values::Native(values)
+                }
+                None => {
+                    let values = fallback.call1((index,))?.downcast_into::<PyList>()?;
+                    if values.len() != rows {
+                        return Err(PyValueError::new_err(format!(
+                            "fallback gave {} values for column {index} of {rows} rows",
+                            values.len()
+                        )));
+                    }
+                    Values::Python(values)
+                }
+            });
         }
-        let Some(kind) = parse_kind(py, &*schema) else {
-            return Ok(None);
-        };
-        let column = view(&kind, &*array).map_err(PyValueError::new_err)?;
-        let mut values = Vec::with_capacity(column.length);
-        convert(py, &kind, &column, 0, column.length, &mut values)?;
-        PyList::new(py, values).map(Some)
-    }
-}
-
-/// Row dicts from equally long columns: row i is `{names[k]: columns[k][i]}` in column order,
-/// every row sharing one interned key object per column (a repeated name keeps its first
-/// position and its last value, like `Table.to_pylist`).
-///
-/// Raises ValueError when the counts or lengths disagree.
-#[pyfunction]
-fn rows_from_columns<'py>(
-    py: Python<'py>,
-    names: Vec<Bound<'py, PyString>>,
-    columns: Vec<Bound<'py, PyList>>,
-) -> PyResult<Bound<'py, PyList>> {
-    if names.len() != columns.len() {
-        return Err(PyValueError::new_err(format!(
-            "rows_from_columns: {} names for {} columns",
-            names.len(),
-            columns.len()
-        )));
-    }
-    let rows = columns.first().map_or(0, |c| c.len());
-    if let Some(bad) = columns.iter().position(|c| c.len() != rows) {
-        return Err(PyValueError::new_err(format!(
-            "rows_from_columns: column {bad} has {} values, column 0 has {rows}",
-            columns[bad].len()
-        )));
-    }
-    let keys = names
-        .iter()
-        .map(|name| Ok(PyString::intern(py, &name.to_cow()?)))
-        .collect::<PyResult<Vec<_>>>()?;
+        (keys, columns, rows)
+    };
     let mut dicts = Vec::with_capacity(rows);
     for row in 0..rows {
         let dict = PyDict::new(py);
-        for (key, column) in keys.iter().zip(&columns) {
-            // SAFETY: `row` is in bounds (lengths checked above, and nothing runs Python code
-            // that could shrink the lists: exact str keys hash and compare without it); the
-            // item is borrowed and PyDict_SetItem takes its own reference.
-            unsafe {
-                let value = ffi::PyList_GetItem(column.as_ptr(), row as ffi::Py_ssize_t);
-                if value.is_null() || ffi::PyDict_SetItem(dict.as_ptr(), key.as_ptr(), value) != 0
-                {
-                    return Err(PyErr::fetch(py));
-                }
+        for (key, values) in keys.iter().zip(&columns) {
+            match values {
+                Values::Native(values) => dict.set_item(key, &values[row])?,
+                // SAFETY: `row` is within the list (its length was checked and no Python code
+                // runs meanwhile: exact str keys hash and compare without it); the item is
+                // borrowed and PyDict_SetItem takes its own reference.
+                Values::Python(list) => unsafe {
+                    let value = ffi::PyList_GetItem(list.as_ptr(), row as ffi::Py_ssize_t);
+                    if value.is_null()
+                        || ffi::PyDict_SetItem(dict.as_ptr(), key.as_ptr(), value) != 0
+                    {
+                        return Err(PyErr::fetch(py));
+                    }
+                },
             }
         }
         dicts.push(dict);
@@ -665,8 +694,49 @@ fn rows_from_columns<'py>(
     PyList::new(py, dicts)
 }
 
+/// The (field, column) pairs of an exported record batch: a struct array without nulls.
+///
+/// # Safety
+/// `schema` and `array` must be valid exported structs.
+unsafe fn batch_children<'a>(
+    schema: &'a ArrowSchema,
+    array: &'a ArrowArray,
+) -> Result<Vec<(&'a ArrowSchema, &'a ArrowArray)>, String> {
+    if schema.release.is_none() || array.release.is_none() {
+        return Err("the Arrow batch was released".into());
+    }
+    if schema.format.is_null() || CStr::from_ptr(schema.format).to_bytes() != b"+s" {
+        return Err("expected a record batch (an Arrow struct array)".into());
+    }
+    if array.length < 0 || array.offset < 0 || array.null_count > 0 {
+        return Err("unexpected Arrow batch layout".into());
+    }
+    let n = schema.n_children;
+    if n < 0
+        || array.n_children != n
+        || (n > 0 && (schema.children.is_null() || array.children.is_null()))
+    {
+        return Err("Arrow batch schema and array disagree".into());
+    }
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let fields = std::slice::from_raw_parts(schema.children, n as usize);
+    let columns = std::slice::from_raw_parts(array.children, n as usize);
+    fields
+        .iter()
+        .zip(columns)
+        .map(|(&field, &column)| {
+            if field.is_null() || column.is_null() || (*field).name.is_null() {
+                Err("missing Arrow batch column".to_string())
+            } else {
+                Ok((&*field, &*column))
+            }
+        })
+        .collect()
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(arrow_column_to_list, m)?)?;
-    m.add_function(wrap_pyfunction!(rows_from_columns, m)?)?;
+    m.add_function(wrap_pyfunction!(rows_from_arrow, m)?)?;
     Ok(())
 }

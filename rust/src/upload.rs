@@ -26,11 +26,12 @@ use bytes::Bytes;
 use futures::stream::{FuturesUnordered, StreamExt};
 use object_store::path::Path;
 use object_store::{
-    Attribute, Attributes, ObjectStore, PutMode, PutMultipartOptions, PutOptions, PutPayload,
+    Attributes, ObjectStore, PutMode, PutMultipartOptions, PutOptions, PutPayload,
 };
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 
+use crate::client::object_attributes;
 use crate::classify::{classify, Failure};
 use crate::client::NativeStorage;
 use crate::error::{NativeError, NativeResult};
@@ -45,25 +46,6 @@ pub const MULTIPART_THRESHOLD: u64 = 64 * 1024 * 1024;
 pub const PART_SIZE: u64 = 64 * 1024 * 1024;
 /// Parts uploaded at once: bounds memory to `PARTS_IN_FLIGHT * part_size`.
 const PARTS_IN_FLIGHT: usize = 4;
-
-/// Content type and metadata as object attributes (the local directory store keeps none).
-fn attributes_for(
-    location: &Location,
-    content_type: Option<String>,
-    metadata: Option<HashMap<String, String>>,
-) -> Attributes {
-    let mut attributes = Attributes::new();
-    if location.is_local() {
-        return attributes;
-    }
-    if let Some(content_type) = content_type {
-        attributes.insert(Attribute::ContentType, content_type.into());
-    }
-    for (key, value) in metadata.unwrap_or_default() {
-        attributes.insert(Attribute::Metadata(key.into()), value.into());
-    }
-    attributes
-}
 
 fn mode(create_only: bool) -> PutMode {
     if create_only {
@@ -123,7 +105,7 @@ fn put_chunks(
         .filter(|chunk| !chunk.is_empty())
         .map(Bytes::from_owner)
         .collect();
-    let attributes = attributes_for(&location, content_type, metadata);
+    let attributes = object_attributes(&location, content_type, metadata.unwrap_or_default());
     put_payload(py, storage, uri, payload, attributes, create_only)
 }
 
@@ -291,7 +273,7 @@ fn put_file(
         let (_, etag) = head(py, storage, uri)?;
         return Ok((size, etag));
     }
-    let attributes = attributes_for(&location, content_type, metadata);
+    let attributes = object_attributes(&location, content_type, metadata.unwrap_or_default());
     let single = size <= multipart_threshold.max(1) || create_only && size <= single_put_max;
     if single {
         // One request needs the body in memory: read it once (the spool's own memory is gone).
