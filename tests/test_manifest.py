@@ -12,6 +12,7 @@ from typing import Any, get_args
 
 import pytest
 from pydantic import ValidationError
+
 from syvain_training_data.manifest import (
     DATA_FORMATS,
     MAX_METADATA_DEPTH,

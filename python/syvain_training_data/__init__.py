@@ -29,7 +29,22 @@ __all__ = [
     "ManifestShard",
     "ObjectChangedError",
     "PublicationConflictError",
+    "SplitDataLoader",
     "StorageConfig",
     "StorageRetryExhaustedError",
     "SyvainTrainingData",
 ]
+
+_LAZY = {"SplitDataLoader": "syvain_training_data.loader"}
+
+
+def __getattr__(name: str) -> object:
+    # Optional-extra names (torch) are imported on first use, so the base install stays light.
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,7 +1,7 @@
 """Stubs for the Rust extension `syvain_training_data._native` (checked by mypy.stubtest)."""
 
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, final
 
@@ -137,3 +137,9 @@ class ShardEncoder:
 def shard_reader_from_bytes(
     data_format: str, uri: str, data: bytes, declared_records: int, chunk_size: int | None = None
 ) -> ShardReader: ...
+
+# rust/src/rows.rs: Parquet rows from Arrow record batches (SPEC section 3).
+
+def rows_from_arrow(
+    schema: object, array: object, fallback: Callable[[int], list[Any]]
+) -> list[dict[str, Any]]: ...

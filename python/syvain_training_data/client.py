@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr, ValidationError
 
@@ -17,6 +17,7 @@ from syvain_training_data.manifest import (
 from syvain_training_data.storage import StorageConfig, get_object, native_storage, put_object
 
 if TYPE_CHECKING:
+    from syvain_training_data.loader import SplitDataLoader
     from syvain_training_data.manifest import DataManifestDataFormat
     from syvain_training_data.saver import DatasetSaver
 
@@ -115,4 +116,26 @@ class SyvainTrainingData:
 
         return DatasetSaver(
             manifest_uri, data_format=data_format, storage_config=self._storage_config
+        )
+
+    def split_data_loader(
+        self,
+        manifest_uri: str,
+        collate_fn: Callable[[list[Any]], Any],
+        dataloader_args: Mapping[str, Any] | None = None,
+    ) -> SplitDataLoader:
+        """A :class:`~syvain_training_data.loader.SplitDataLoader` over the manifest at
+        ``manifest_uri``, read once, now (SPEC section 6). Needs the ``torch`` extra.
+
+        Raises ValueError for ``collate_fn`` inside ``dataloader_args`` or a negative
+        ``num_workers``; the errors of :meth:`load_manifest`; ModuleNotFoundError without torch.
+        """
+        from syvain_training_data.loader import SplitDataLoader
+
+        return SplitDataLoader(
+            self.load_manifest(manifest_uri),
+            collate_fn,
+            dataloader_args,
+            storage_config=self._storage_config,
+            manifest_uri=manifest_uri,
         )

@@ -369,7 +369,7 @@ def _encode_parquet(records: Iterator[Mapping[str, Any]], spool: _Spool) -> int:
     path = spool.adopt_file()
     written = write_parquet_shard(records, path)
     spool.hash_file()
-    return int(getattr(written, "records", written))
+    return written.records
 
 
 # --------------------------------------------------------------------------------------------

@@ -87,7 +87,11 @@ impl Kind {
 /// # Safety
 /// `schema` must be a valid, unreleased `ArrowSchema` (pyarrow's export).
 unsafe fn parse_kind(py: Python<'_>, schema: &ArrowSchema) -> Option<Kind> {
-    if !schema.dictionary.is_null() || schema.format.is_null() || schema.n_children < 0 {
+    if !schema.dictionary.is_null()
+        || schema.format.is_null()
+        || schema.n_children < 0
+        || is_extension(schema.metadata)
+    {
         return None;
     }
     let format = CStr::from_ptr(schema.format).to_bytes();
@@ -175,6 +179,35 @@ unsafe fn parse_kind(py: Python<'_>, schema: &ArrowSchema) -> Option<Kind> {
     Some(kind)
 }
 
+/// Whether field metadata (the interface's encoding: an i32 count, then length-prefixed keys
+/// and values) names an extension type, whose `to_pylist` values may differ from its storage
+/// type's (`uuid.UUID` for arrow.uuid, bool for arrow.bool8, ...).
+///
+/// # Safety
+/// `metadata` must be null or point to metadata encoded as the interface specifies.
+unsafe fn is_extension(metadata: *const c_char) -> bool {
+    const KEY: &[u8] = b"ARROW:extension:name";
+    if metadata.is_null() {
+        return false;
+    }
+    unsafe fn next_i32(at: &mut *const u8) -> usize {
+        let value = i32::from_ne_bytes(std::ptr::read_unaligned(at.cast::<[u8; 4]>()));
+        *at = at.add(4);
+        value.max(0) as usize
+    }
+    let mut at = metadata.cast::<u8>();
+    for _ in 0..next_i32(&mut at) {
+        let key_len = next_i32(&mut at);
+        if std::slice::from_raw_parts(at, key_len) == KEY {
+            return true;
+        }
+        at = at.add(key_len);
+        let value_len = next_i32(&mut at);
+        at = at.add(value_len);
+    }
+    false
+}
+
 /// A checked view of one `ArrowArray` and its children (the layout matches its [`Kind`]).
 struct Column<'a> {
     length: usize,
@@ -244,29 +277,27 @@ unsafe fn view<'a>(kind: &Kind, array: &'a ArrowArray) -> Result<Column<'a>, Str
         Some(bits) if !bits.is_null() && array.null_count != 0 => Some(bits.cast::<u8>()),
         _ => None,
     };
-    let mut children = Vec::with_capacity(n_children as usize);
-    if n_children > 0 {
-        if array.children.is_null() {
-            return Err("missing Arrow children".into());
-        }
-        let raw = std::slice::from_raw_parts(array.children, n_children as usize);
-        let kinds: Vec<&Kind> = match kind {
-            Kind::List { item, .. } | Kind::FixedList { item, .. } => vec![item],
-            Kind::Struct(fields) => fields.iter().map(|(_, k)| k).collect(),
-            // The map's entries are a struct of key and value.
-            Kind::Map { .. } => vec![kind],
-            _ => vec![],
-        };
-        for (&ptr, child_kind) in raw.iter().zip(kinds) {
-            if ptr.is_null() {
-                return Err("missing Arrow child".into());
-            }
-            children.push(match kind {
-                Kind::Map { key, value } => map_entries(key, value, &*ptr)?,
-                _ => view(child_kind, &*ptr)?,
-            });
-        }
-    }
+    let raw_children: &[*mut ArrowArray] = if n_children == 0 {
+        &[]
+    } else if array.children.is_null() {
+        return Err("missing Arrow children".into());
+    } else {
+        std::slice::from_raw_parts(array.children, n_children as usize)
+    };
+    let child = |index: usize| match raw_children.get(index) {
+        Some(&ptr) if !ptr.is_null() => Ok(&*ptr),
+        _ => Err(String::from("missing Arrow child")),
+    };
+    let children = match kind {
+        Kind::List { item, .. } | Kind::FixedList { item, .. } => vec![view(item, child(0)?)?],
+        Kind::Struct(fields) => fields
+            .iter()
+            .enumerate()
+            .map(|(index, (_, field))| view(field, child(index)?))
+            .collect::<Result<_, _>>()?,
+        Kind::Map { key, value } => vec![map_entries(key, value, child(0)?)?],
+        _ => Vec::new(),
+    };
     let column = Column {
         length,
         offset,
@@ -405,6 +436,10 @@ fn convert<'py>(
     len: usize,
     out: &mut Vec<Bound<'py, PyAny>>,
 ) -> PyResult<()> {
+    if len == 0 {
+        // An empty array may come without its offsets buffer.
+        return Ok(());
+    }
     let base = column.offset + start;
     let none = || py.None().into_bound(py);
     macro_rules! primitive {
@@ -739,4 +774,88 @@ unsafe fn batch_children<'a>(
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rows_from_arrow, m)?)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ptr::{null, null_mut};
+
+    unsafe extern "C" fn release(_: *mut ArrowArray) {}
+
+    fn array(length: i64, offset: i64, buffers: &mut [*const c_void]) -> ArrowArray {
+        ArrowArray {
+            length,
+            null_count: 0,
+            offset,
+            n_buffers: buffers.len() as i64,
+            n_children: 0,
+            buffers: buffers.as_mut_ptr(),
+            children: null_mut(),
+            dictionary: null_mut(),
+            release: Some(release),
+            private_data: null_mut(),
+        }
+    }
+
+    #[test]
+    fn validity_bits_are_lsb_first() {
+        let bits = [0b0000_0101u8, 0b1000_0000];
+        let read: Vec<bool> = (0..16).map(|i| unsafe { bit(bits.as_ptr(), i) }).collect();
+        assert_eq!(read.iter().filter(|b| **b).count(), 3);
+        assert!(read[0] && !read[1] && read[2] && read[15]);
+    }
+
+    #[test]
+    fn primitive_layout_is_checked() {
+        let values = [1i64, 2, 3];
+        let mut buffers = [null(), values.as_ptr().cast()];
+        let good = array(2, 1, &mut buffers);
+        let column = unsafe { view(&Kind::I64, &good) }.unwrap();
+        assert_eq!(
+            (column.length, column.offset, column.validity),
+            (2, 1, None)
+        );
+
+        let mut one_buffer = [null()];
+        let wrong = array(3, 0, &mut one_buffer);
+        assert!(unsafe { view(&Kind::I64, &wrong) }.is_err());
+
+        let mut missing = [null(), null()];
+        assert!(unsafe { view(&Kind::I64, &array(3, 0, &mut missing)) }.is_err());
+        // An empty array may leave its data buffer out.
+        assert!(unsafe { view(&Kind::I64, &array(0, 0, &mut missing)) }.is_ok());
+
+        let mut released = array(2, 0, &mut buffers);
+        released.release = None;
+        assert!(unsafe { view(&Kind::I64, &released) }.is_err());
+    }
+
+    #[test]
+    fn list_offsets_must_stay_inside_the_child() {
+        let values = [10i64, 20, 30];
+        let mut child_buffers = [null(), values.as_ptr().cast()];
+        let mut child = array(3, 0, &mut child_buffers);
+        let mut children = [&mut child as *mut ArrowArray];
+        let children = children.as_mut_ptr();
+        let kind = Kind::List {
+            large: false,
+            item: Box::new(Kind::I64),
+        };
+        let check = |offsets: &[i32], length: i64, offset: i64| {
+            let mut buffers = [null(), offsets.as_ptr().cast()];
+            let mut list = array(length, offset, &mut buffers);
+            list.n_children = 1;
+            list.children = children;
+            unsafe { view(&kind, &list) }.map(|_| ())
+        };
+        assert!(check(&[0, 1, 3], 2, 0).is_ok());
+        assert!(check(&[0, 1, 3], 1, 1).is_ok());
+        assert!(
+            check(&[0, 2, 4], 2, 0).is_err(),
+            "past the child's 3 values"
+        );
+        assert!(check(&[0, 2, 1], 2, 0).is_err(), "decreasing");
+        assert!(check(&[-1, 0, 1], 2, 0).is_err(), "negative");
+    }
 }

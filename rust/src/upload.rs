@@ -25,14 +25,12 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::stream::{FuturesUnordered, StreamExt};
 use object_store::path::Path;
-use object_store::{
-    Attributes, ObjectStore, PutMode, PutMultipartOptions, PutOptions, PutPayload,
-};
+use object_store::{Attributes, ObjectStore, PutMode, PutMultipartOptions, PutOptions, PutPayload};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 
-use crate::client::object_attributes;
 use crate::classify::{classify, Failure};
+use crate::client::object_attributes;
 use crate::client::NativeStorage;
 use crate::error::{NativeError, NativeResult};
 use crate::ops::with_retries;

@@ -1,5 +1,21 @@
 //! `ShardEncoder`: records -> deterministic shard bytes, handed back as they are produced so a
-//! whole shard is never held. Records are serialized under the GIL, compressed without it.
+//! whole shard is never held.
+//!
+//! Records are serialized under the GIL, all of one `encode` call into one buffer, and the
+//! batch goes to a background thread that compresses it while Python carries on; `encode`
+//! returns whatever compressed output is ready so far and `finish` waits for the rest. At most
+//! [`BATCHES_IN_FLIGHT`] batches wait for the compressor, so memory stays bounded.
+//!
+//! Everything that can make a call fail is decided before its batch is handed on (the payload
+//! and line limits while serializing; a frame that could exceed 256 MiB by
+//! `ZSTD_compressBound` is compressed and checked in the calling thread), so each call stays
+//! all or nothing. The compressor itself failing (zstd or zlib refusing memory, say) surfaces
+//! as a ValueError at the next `encode` or `finish`, and the encoder stays broken.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -13,9 +29,203 @@ use crate::error::{NativeError, NativeResult};
 /// checksum and no dictionary (the zstd defaults for one-shot compression).
 const ZSTD_LEVEL: i32 = 3;
 
+/// Serialized batches that may wait for the compressor thread before `encode` blocks.
+const BATCHES_IN_FLIGHT: usize = 3;
+
 enum Writer {
-    MsgpackZstf(zstd::bulk::Compressor<'static>),
-    JsonlGz(GzipWriter),
+    MsgpackZstf(Box<ZstfWriter>),
+    JsonlGz(Box<GzipWriter>),
+}
+
+struct ZstfWriter {
+    compressor: zstd::bulk::Compressor<'static>,
+    /// One frame at a time, before it is copied behind its length.
+    scratch: Vec<u8>,
+}
+
+fn new_compressor() -> NativeResult<zstd::bulk::Compressor<'static>> {
+    zstd::bulk::Compressor::new(ZSTD_LEVEL)
+        .map_err(|e| NativeError::Encode(format!("zstd setup failed: {e}")))
+}
+
+impl ZstfWriter {
+    /// Appends each payload as a length-prefixed frame; `Err((index, problem))` names the
+    /// payload that failed.
+    fn compress(
+        &mut self,
+        data: &[u8],
+        ends: &[usize],
+        out: &mut Vec<u8>,
+        cancel: Option<&AtomicBool>,
+    ) -> Result<(), (usize, String)> {
+        let mut start = 0;
+        for (index, &end) in ends.iter().enumerate() {
+            if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+                return Ok(());
+            }
+            let payload = &data[start..end];
+            start = end;
+            self.scratch.clear();
+            self.scratch
+                .reserve(zstd::zstd_safe::compress_bound(payload.len()));
+            let len = self
+                .compressor
+                .compress_to_buffer(payload, &mut self.scratch)
+                .map_err(|e| (index, format!("zstd compression failed: {e}")))?;
+            if len as u64 > MAX_FRAME_BYTES {
+                return Err((index, "its compressed frame is larger than 256 MiB".into()));
+            }
+            out.extend_from_slice(&(len as u64).to_be_bytes());
+            out.extend_from_slice(&self.scratch[..len]);
+        }
+        Ok(())
+    }
+}
+
+/// Work for the compressor thread, in shard order.
+enum Job {
+    /// Serialized records: msgpack payloads ending at `ends`, or JSON lines.
+    Batch { data: Vec<u8>, ends: Vec<usize> },
+    /// Bytes already compressed in the calling thread, passed through in order.
+    Raw(Vec<u8>),
+}
+
+/// The compressor thread's side: runs `jobs` through `writer`, sends each batch's output, and
+/// once `jobs` closes without `cancel`, the gzip trailer.
+fn run_worker(mut writer: Writer, jobs: Receiver<Job>, output: mpsc::Sender<Done>, pool: Pool) {
+    let cancel = &pool.cancel;
+    for job in jobs.iter() {
+        if cancel.load(Ordering::Relaxed) {
+            return;
+        }
+        let (result, spent) = match (job, &mut writer) {
+            (Job::Raw(bytes), _) => (Ok(bytes), None),
+            (Job::Batch { data, ends }, Writer::MsgpackZstf(zstf)) => {
+                let mut out = pool.take();
+                out.reserve(data.len() / 2 + 16 * ends.len());
+                let result = match zstf.compress(&data, &ends, &mut out, Some(cancel)) {
+                    Ok(()) => Ok(out),
+                    Err((_, problem)) => Err(problem),
+                };
+                (result, Some(data))
+            }
+            (Job::Batch { data, .. }, Writer::JsonlGz(gzip)) => {
+                let mut out = pool.take();
+                (gzip.write(&data, &mut out).map(|()| out), Some(data))
+            }
+        };
+        let result = result.map(|bytes| (bytes, spent));
+        let failed = result.is_err();
+        if output.send(result).is_err() || failed {
+            return;
+        }
+    }
+    if cancel.load(Ordering::Relaxed) {
+        return;
+    }
+    if let Writer::JsonlGz(gzip) = &mut writer {
+        let mut out = Vec::new();
+        let result = gzip.finish(&mut out).map(|()| (out, None));
+        let _ = output.send(result);
+    }
+}
+
+/// A batch's compressed bytes and, for reuse, an emptied buffer; or why compression failed.
+type Done = Result<(Vec<u8>, Option<Vec<u8>>), String>;
+type Output = Receiver<Done>;
+
+/// Buffers handed back and forth so steady-state batches allocate (and page-fault) nothing.
+const POOL_BUFFERS: usize = 4;
+/// Larger buffers (a batch of huge records) are freed rather than kept.
+const MAX_POOLED_CAPACITY: usize = 64 << 20;
+
+/// The compressor thread's end of the buffer pool, and its cancel flag.
+struct Pool {
+    free: Receiver<Vec<u8>>,
+    count: Arc<AtomicUsize>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl Pool {
+    fn take(&self) -> Vec<u8> {
+        match self.free.try_recv() {
+            Ok(mut buffer) => {
+                self.count.fetch_sub(1, Ordering::Relaxed);
+                buffer.clear();
+                buffer
+            }
+            Err(_) => Vec::new(),
+        }
+    }
+}
+
+struct Pipeline {
+    jobs: Option<SyncSender<Job>>,
+    /// Only ever used through `&mut self` (`get_mut`); the mutex makes the class `Sync`.
+    output: Mutex<Output>,
+    worker: Option<JoinHandle<()>>,
+    cancel: Arc<AtomicBool>,
+    /// Emptied buffers for the compressor thread, and how many it holds.
+    to_worker: mpsc::Sender<Vec<u8>>,
+    worker_buffers: Arc<AtomicUsize>,
+    /// Emptied buffers for serializing here.
+    spare: Vec<Vec<u8>>,
+}
+
+impl Pipeline {
+    fn start(writer: Writer) -> NativeResult<Self> {
+        let (jobs, job_rx) = mpsc::sync_channel(BATCHES_IN_FLIGHT);
+        let (out_tx, output) = mpsc::channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let (to_worker, free) = mpsc::channel();
+        let worker_buffers = Arc::new(AtomicUsize::new(0));
+        let pool = Pool {
+            free,
+            count: Arc::clone(&worker_buffers),
+            cancel: Arc::clone(&cancel),
+        };
+        let worker = std::thread::Builder::new()
+            .name("syvain-shard-encoder".into())
+            .spawn(move || run_worker(writer, job_rx, out_tx, pool))
+            .map_err(|e| NativeError::Encode(format!("cannot start the compressor thread: {e}")))?;
+        Ok(Self {
+            jobs: Some(jobs),
+            output: Mutex::new(output),
+            worker: Some(worker),
+            cancel,
+            to_worker,
+            worker_buffers,
+            spare: Vec::new(),
+        })
+    }
+
+    fn take_spare(&mut self) -> Vec<u8> {
+        let mut buffer = self.spare.pop().unwrap_or_default();
+        buffer.clear();
+        buffer
+    }
+
+    /// Keeps an emptied buffer for reuse here or in the compressor thread, or frees it.
+    fn recycle(&mut self, buffer: Vec<u8>) {
+        if buffer.capacity() == 0 || buffer.capacity() > MAX_POOLED_CAPACITY {
+            return;
+        }
+        if self.spare.len() < POOL_BUFFERS {
+            self.spare.push(buffer);
+        } else if self.worker_buffers.load(Ordering::Relaxed) < POOL_BUFFERS {
+            self.worker_buffers.fetch_add(1, Ordering::Relaxed);
+            let _ = self.to_worker.send(buffer);
+        }
+    }
+
+    /// Stops the thread without waiting for its pending work.
+    fn stop(&mut self) {
+        self.cancel.store(true, Ordering::Relaxed);
+        self.jobs = None;
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
 }
 
 /// Writes one shard. Each `encode` call is all or nothing: on a ValueError no byte of that
@@ -23,66 +233,196 @@ enum Writer {
 #[pyclass(module = "syvain_training_data._native")]
 pub struct ShardEncoder {
     format: ShardFormat,
-    writer: Writer,
+    pipeline: Pipeline,
     records: u64,
     bytes_written: u64,
     finished: bool,
+    /// The compressor thread's failure, repeated by every later call.
+    failure: Option<String>,
+    /// msgpack.zstf batches compressed in the calling thread use this compressor.
+    local: Option<Box<ZstfWriter>>,
+}
+
+/// Serialized records of one call: payloads (msgpack) or "\n"-terminated lines (JSON) back
+/// to back in `data`, record `i` ending at `ends[i]`.
+struct Serialized {
+    data: Vec<u8>,
+    ends: Vec<usize>,
+    /// Some frame could exceed 256 MiB: compress and check in the calling thread.
+    oversized: bool,
 }
 
 impl ShardEncoder {
     /// Serializes every record first (GIL held), so a bad record leaves nothing behind.
-    fn serialize(&self, records: &Bound<'_, PyAny>) -> NativeResult<Vec<Vec<u8>>> {
-        let mut encoded = Vec::new();
+    fn serialize(&mut self, records: &Bound<'_, PyAny>) -> NativeResult<Serialized> {
+        let mut batch = Serialized {
+            data: self.pipeline.take_spare(),
+            ends: Vec::new(),
+            oversized: false,
+        };
+        let out = &mut batch.data;
         for (index, record) in records.try_iter()?.enumerate() {
             let record = record?;
-            let mut out = Vec::new();
+            let start = out.len();
             let written = match self.format {
-                ShardFormat::MsgpackZstf => msgpack_write::write_record(&record, &mut out),
+                ShardFormat::MsgpackZstf => msgpack_write::write_record(&record, out),
                 ShardFormat::JsonlGz => {
-                    json_write::write_record(&record, &mut out).map(|()| out.push(b'\n'))
+                    json_write::write_record(&record, out).map(|()| out.push(b'\n'))
                 }
             };
-            written.map_err(|err| match err {
-                NativeError::Encode(problem) => NativeError::Encode(format!(
-                    "Cannot write {} record {index}: {problem}",
-                    self.format.name()
-                )),
-                other => other,
-            })?;
-            encoded.push(out);
+            written.map_err(|err| self.record_error(index, err))?;
+            if self.format == ShardFormat::MsgpackZstf
+                && zstd::zstd_safe::compress_bound(out.len() - start) as u64 > MAX_FRAME_BYTES
+            {
+                batch.oversized = true;
+            }
+            batch.ends.push(out.len());
         }
-        Ok(encoded)
+        Ok(batch)
+    }
+
+    /// Gives a serialized batch to the compressor thread. When the thread is behind and this
+    /// is msgpack.zstf, compresses the batch here instead (frames are independent, so the
+    /// bytes are the same) and passes them through, keeping both cores busy.
+    fn hand_on(&mut self, py: Python<'_>, batch: Serialized) -> PyResult<()> {
+        let job = if batch.oversized {
+            // Rare (a payload near 256 MiB): compress here so a too-large frame fails this call.
+            Job::Raw(self.compress_here(py, &batch.data, &batch.ends)?)
+        } else {
+            let job = Job::Batch {
+                data: batch.data,
+                ends: batch.ends,
+            };
+            let jobs = self.pipeline.jobs.as_ref().expect("open until finish");
+            match jobs.try_send(job) {
+                Ok(()) => return Ok(()),
+                Err(TrySendError::Disconnected(_)) => return Err(self.stopped()),
+                Err(TrySendError::Full(Job::Batch { data, ends }))
+                    if self.format == ShardFormat::MsgpackZstf =>
+                {
+                    let compressed = self.compress_here(py, &data, &ends)?;
+                    self.pipeline.recycle(data);
+                    Job::Raw(compressed)
+                }
+                Err(TrySendError::Full(job)) => job,
+            }
+        };
+        let jobs = self.pipeline.jobs.as_ref().expect("open until finish");
+        if py.allow_threads(|| jobs.send(job)).is_err() {
+            return Err(self.stopped());
+        }
+        Ok(())
+    }
+
+    /// Compresses msgpack payloads in the calling thread (GIL released).
+    fn compress_here(&mut self, py: Python<'_>, data: &[u8], ends: &[usize]) -> PyResult<Vec<u8>> {
+        if self.local.is_none() {
+            self.local = Some(Box::new(ZstfWriter {
+                compressor: new_compressor()?,
+                scratch: Vec::new(),
+            }));
+        }
+        let spare = self.pipeline.take_spare();
+        let zstf = self.local.as_deref_mut().expect("just set");
+        let compressed = py.allow_threads(|| {
+            let mut out = spare;
+            out.reserve(data.len() / 2 + 16 * ends.len());
+            zstf.compress(data, ends, &mut out, None).map(|()| out)
+        });
+        compressed.map_err(|(index, problem)| {
+            self.record_error(index, NativeError::Encode(problem))
+                .into()
+        })
+    }
+
+    /// The compressor thread went away: its own error if it sent one.
+    fn stopped(&mut self) -> PyErr {
+        let mut ignored = Vec::new();
+        match self.drain(&mut ignored) {
+            Err(err) => err,
+            Ok(()) => self.fail("the shard compressor thread stopped".into()),
+        }
+    }
+
+    fn record_error(&self, index: usize, err: NativeError) -> NativeError {
+        match err {
+            NativeError::Encode(problem) => NativeError::Encode(format!(
+                "Cannot write {} record {index}: {problem}",
+                self.format.name()
+            )),
+            other => other,
+        }
+    }
+
+    fn check_failure(&self) -> PyResult<()> {
+        match &self.failure {
+            Some(problem) => Err(PyValueError::new_err(problem.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Takes the compressed output that is ready, without waiting.
+    fn drain(&mut self, out: &mut Vec<Vec<u8>>) -> PyResult<()> {
+        loop {
+            let output = self
+                .pipeline
+                .output
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner());
+            match output.try_recv() {
+                Ok(Ok((bytes, spent))) => {
+                    out.push(bytes);
+                    if let Some(buffer) = spent {
+                        self.pipeline.recycle(buffer);
+                    }
+                }
+                Ok(Err(problem)) => return Err(self.fail(problem)),
+                Err(TryRecvError::Empty) => return Ok(()),
+                Err(TryRecvError::Disconnected) => {
+                    if self.pipeline.jobs.is_some() {
+                        return Err(self.fail("the shard compressor thread stopped".into()));
+                    }
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    fn fail(&mut self, problem: String) -> PyErr {
+        let problem = format!("Cannot write {} shard: {problem}", self.format.name());
+        self.failure = Some(problem.clone());
+        self.pipeline.stop();
+        PyValueError::new_err(problem)
     }
 }
 
-impl Writer {
-    /// Compresses serialized records; runs without the GIL.
-    fn compress(&mut self, encoded: &[Vec<u8>]) -> NativeResult<Vec<u8>> {
-        let mut out = Vec::new();
-        match self {
-            Writer::MsgpackZstf(compressor) => {
-                for (index, payload) in encoded.iter().enumerate() {
-                    let frame = compressor.compress(payload).map_err(|e| {
-                        NativeError::Encode(format!("zstd compression failed: {e}"))
-                    })?;
-                    if frame.len() as u64 > MAX_FRAME_BYTES {
-                        return Err(NativeError::Encode(format!(
-                            "Cannot write msgpack.zstf record {index}: its compressed frame is \
-                             larger than 256 MiB"
-                        )));
-                    }
-                    out.extend_from_slice(&(frame.len() as u64).to_be_bytes());
-                    out.extend_from_slice(&frame);
+impl ShardEncoder {
+    /// One bytes object of `chunks`, whose buffers go back to the pool.
+    fn hand_out<'py>(&mut self, py: Python<'py>, chunks: Vec<Vec<u8>>) -> Bound<'py, PyBytes> {
+        let total: usize = chunks.iter().map(Vec::len).sum();
+        let bytes = match chunks.as_slice() {
+            [one] => PyBytes::new(py, one),
+            _ => PyBytes::new_with(py, total, |buffer| {
+                let mut at = 0;
+                for chunk in &chunks {
+                    buffer[at..at + chunk.len()].copy_from_slice(chunk);
+                    at += chunk.len();
                 }
-            }
-            Writer::JsonlGz(gzip) => {
-                // Line by line: zlib's output does not depend on how its input is split.
-                for line in encoded {
-                    gzip.write(line, &mut out).map_err(NativeError::Encode)?;
-                }
-            }
+                Ok(())
+            })
+            .expect("allocating bytes"),
+        };
+        for chunk in chunks {
+            self.pipeline.recycle(chunk);
         }
-        Ok(out)
+        self.bytes_written += total as u64;
+        bytes
+    }
+}
+
+impl Drop for ShardEncoder {
+    fn drop(&mut self) {
+        self.pipeline.stop();
     }
 }
 
@@ -93,25 +433,28 @@ impl ShardEncoder {
     fn new(data_format: &str) -> PyResult<Self> {
         let format = ShardFormat::parse(data_format)?;
         let writer = match format {
-            ShardFormat::MsgpackZstf => Writer::MsgpackZstf(
-                zstd::bulk::Compressor::new(ZSTD_LEVEL)
-                    .map_err(|e| PyValueError::new_err(format!("zstd setup failed: {e}")))?,
-            ),
-            ShardFormat::JsonlGz => Writer::JsonlGz(GzipWriter::new()),
+            ShardFormat::MsgpackZstf => Writer::MsgpackZstf(Box::new(ZstfWriter {
+                compressor: new_compressor()?,
+                scratch: Vec::new(),
+            })),
+            ShardFormat::JsonlGz => Writer::JsonlGz(Box::default()),
         };
         Ok(Self {
             format,
-            writer,
+            pipeline: Pipeline::start(writer)?,
             records: 0,
             bytes_written: 0,
             finished: false,
+            failure: None,
+            local: None,
         })
     }
 
-    /// Encodes `records` (mappings) and returns the shard bytes this call produced (maybe none:
-    /// gzip holds back output until it has enough).
+    /// Encodes `records` (mappings) and returns the shard bytes ready so far (maybe none: the
+    /// compressor thread and gzip hold back output; `finish` returns the rest).
     ///
-    /// Errors: ValueError for a record either format cannot represent, or after `finish`.
+    /// Errors: ValueError for a record either format cannot represent, after `finish`, or
+    /// when the compressor failed.
     fn encode<'py>(
         &mut self,
         py: Python<'py>,
@@ -122,28 +465,47 @@ impl ShardEncoder {
                 "ShardEncoder.encode called after finish",
             ));
         }
-        let encoded = self.serialize(records)?;
-        let count = encoded.len() as u64;
-        let writer = &mut self.writer;
-        let out = py.allow_threads(move || writer.compress(&encoded))?;
+        self.check_failure()?;
+        let batch = self.serialize(records)?;
+        let count = batch.ends.len() as u64;
+        if count > 0 {
+            self.hand_on(py, batch)?;
+        }
         self.records += count;
-        self.bytes_written += out.len() as u64;
-        Ok(PyBytes::new(py, &out))
+        let mut out = Vec::new();
+        self.drain(&mut out)?;
+        Ok(self.hand_out(py, out))
     }
 
-    /// Ends the shard and returns its last bytes (the gzip trailer; nothing for msgpack.zstf).
-    /// Calling it again returns b"".
+    /// Waits for the compressor and returns the shard's remaining bytes (with the gzip
+    /// trailer). Calling it again returns b"".
     fn finish<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let mut out = Vec::new();
         if !self.finished {
-            if let Writer::JsonlGz(gzip) = &mut self.writer {
-                py.allow_threads(|| gzip.finish(&mut out))
-                    .map_err(PyValueError::new_err)?;
+            self.check_failure()?;
+            self.pipeline.jobs = None;
+            let output: Output = std::mem::replace(
+                self.pipeline
+                    .output
+                    .get_mut()
+                    .unwrap_or_else(|e| e.into_inner()),
+                mpsc::channel().1,
+            );
+            let received: Vec<Done> = py.allow_threads(move || output.into_iter().collect());
+            if let Some(worker) = self.pipeline.worker.take() {
+                py.allow_threads(|| worker.join())
+                    .map_err(|_| self.fail("the shard compressor thread panicked".into()))?;
+            }
+            for result in received {
+                match result {
+                    Ok((bytes, _)) => out.push(bytes),
+                    Err(problem) => return Err(self.fail(problem)),
+                }
             }
             self.finished = true;
+            self.pipeline.spare = Vec::new();
         }
-        self.bytes_written += out.len() as u64;
-        Ok(PyBytes::new(py, &out))
+        Ok(self.hand_out(py, out))
     }
 
     /// Records encoded so far.

@@ -7,7 +7,7 @@ use std::ptr::null_mut;
 
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::PyInt;
+use pyo3::types::{PyInt, PyList};
 
 use super::py_value::{classify, map_items, seq_items, str_of, type_name, PyValue};
 use super::MAX_LINE_BYTES;
@@ -61,6 +61,19 @@ fn write_value(
                 write_value(value, out, depth + 1, start)?;
             }
             out.push(b'}');
+        }
+        PyValue::Seq if obj.is_exact_instance_of::<PyList>() => {
+            // A list is walked in place (nothing here runs Python code that could change it).
+            let list = obj.downcast::<PyList>().map_err(PyErr::from)?;
+            enter(depth)?;
+            out.push(b'[');
+            for (n, item) in list.iter().enumerate() {
+                if n > 0 {
+                    out.push(b',');
+                }
+                write_value(&item, out, depth + 1, start)?;
+            }
+            out.push(b']');
         }
         PyValue::Seq => {
             enter(depth)?;
@@ -129,15 +142,33 @@ fn enter(depth: usize) -> NativeResult<()> {
 /// `int.__repr__`, also for int subclasses such as IntEnum (as `json.dumps` does).
 fn write_int(i: &Bound<'_, PyInt>, out: &mut Vec<u8>) -> NativeResult<()> {
     if let Ok(v) = i.extract::<i64>() {
-        let _ = write!(out, "{v}");
+        if v < 0 {
+            out.push(b'-');
+        }
+        write_digits(v.unsigned_abs(), out);
     } else if let Ok(v) = i.extract::<u64>() {
-        let _ = write!(out, "{v}");
+        write_digits(v, out);
     } else {
         let py = i.py();
         let text = py.get_type::<PyInt>().getattr("__repr__")?.call1((i,))?;
         out.extend_from_slice(text.extract::<&str>()?.as_bytes());
     }
     Ok(())
+}
+
+/// The decimal digits of `v`.
+fn write_digits(mut v: u64, out: &mut Vec<u8>) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 /// `float.__repr__`, with `json`'s NaN / Infinity / -Infinity for the non-finite values.
@@ -254,6 +285,15 @@ mod tests {
         ];
         for (value, expected) in cases {
             assert_eq!(repr(value), expected, "{value:e}");
+        }
+    }
+
+    #[test]
+    fn digits_match_display() {
+        for v in [0, 1, 9, 10, 99, 100, 12345, u64::from(u32::MAX), u64::MAX] {
+            let mut out = Vec::new();
+            write_digits(v, &mut out);
+            assert_eq!(String::from_utf8(out).unwrap(), v.to_string());
         }
     }
 

@@ -25,10 +25,17 @@ pub fn write_record(record: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> NativeResul
             type_name(record)
         )));
     }
-    write_value(record, out, 1)
+    let start = out.len();
+    write_value(record, out, 1, start)
 }
 
-fn write_value(obj: &Bound<'_, PyAny>, out: &mut Vec<u8>, depth: usize) -> NativeResult<()> {
+/// `start` is where this record's payload begins in `out` (the limits count from there).
+fn write_value(
+    obj: &Bound<'_, PyAny>,
+    out: &mut Vec<u8>,
+    depth: usize,
+    start: usize,
+) -> NativeResult<()> {
     match classify(obj) {
         PyValue::None => msgpack::write_nil(out),
         PyValue::Bool(b) => msgpack::write_bool(out, b),
@@ -42,10 +49,10 @@ fn write_value(obj: &Bound<'_, PyAny>, out: &mut Vec<u8>, depth: usize) -> Nativ
             }
         }
         PyValue::Float(f) => msgpack::write_float(out, f),
-        PyValue::Str(s) => write_str(str_of(s)?, out)?,
+        PyValue::Str(s) => write_str(str_of(s)?, out, start)?,
         PyValue::Bytes => {
             let data = bytes_of(obj)?;
-            reserve(out, data.len())?;
+            reserve(out, start, data.len())?;
             msgpack::write_bin_header(out, data.len()).ok_or_else(too_large)?;
             out.extend_from_slice(&data);
         }
@@ -55,10 +62,10 @@ fn write_value(obj: &Bound<'_, PyAny>, out: &mut Vec<u8>, depth: usize) -> Nativ
             msgpack::write_map_header(out, items.len()).ok_or_else(too_large)?;
             for (key, value) in &items {
                 match classify(key) {
-                    PyValue::Str(s) => write_str(str_of(s)?, out)?,
+                    PyValue::Str(s) => write_str(str_of(s)?, out, start)?,
                     _ => return Err(refuse(format!("a map key is {}, not str", type_name(key)))),
                 }
-                write_value(value, out, depth + 1)?;
+                write_value(value, out, depth + 1, start)?;
             }
         }
         PyValue::Seq => {
@@ -66,7 +73,7 @@ fn write_value(obj: &Bound<'_, PyAny>, out: &mut Vec<u8>, depth: usize) -> Nativ
             enter(depth)?;
             msgpack::write_array_header(out, items.len()).ok_or_else(too_large)?;
             for item in &items {
-                write_value(item, out, depth + 1)?;
+                write_value(item, out, depth + 1, start)?;
             }
         }
         PyValue::Other => {
@@ -76,14 +83,14 @@ fn write_value(obj: &Bound<'_, PyAny>, out: &mut Vec<u8>, depth: usize) -> Nativ
             )))
         }
     }
-    if out.len() as u64 > MAX_PAYLOAD_BYTES {
+    if (out.len() - start) as u64 > MAX_PAYLOAD_BYTES {
         return Err(too_large());
     }
     Ok(())
 }
 
-fn write_str(s: &str, out: &mut Vec<u8>) -> NativeResult<()> {
-    reserve(out, s.len())?;
+fn write_str(s: &str, out: &mut Vec<u8>, start: usize) -> NativeResult<()> {
+    reserve(out, start, s.len())?;
     msgpack::write_str(out, s).ok_or_else(too_large)
 }
 
@@ -97,8 +104,8 @@ fn enter(depth: usize) -> NativeResult<()> {
 }
 
 /// Refuses before copying a large str or bytes that would push the payload over 1 GiB.
-fn reserve(out: &[u8], len: usize) -> NativeResult<()> {
-    if (out.len() as u64).saturating_add(len as u64) > MAX_PAYLOAD_BYTES {
+fn reserve(out: &[u8], start: usize, len: usize) -> NativeResult<()> {
+    if ((out.len() - start) as u64).saturating_add(len as u64) > MAX_PAYLOAD_BYTES {
         return Err(too_large());
     }
     Ok(())

@@ -1,0 +1,530 @@
+"""SplitDataLoader (SPEC section 6 and the options beyond it) over SeaweedFS and the local store."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.utils.data import get_worker_info  # noqa: E402
+
+from syvain_training_data import SyvainTrainingData  # noqa: E402
+from syvain_training_data.loader import ShardDataset, SplitDataLoader  # noqa: E402
+
+SHARD_RECORDS = [5, 9, 3, 7, 4, 6, 8]  # 42 records in 7 shards
+
+
+def as_list(batch: list[Any]) -> list[Any]:
+    return batch
+
+
+def tag_worker(batch: list[Any]) -> tuple[int, list[Any]]:
+    info = get_worker_info()
+    return (-1 if info is None else info.id), batch
+
+
+def make_dataset(client: SyvainTrainingData, root: str) -> str:
+    """Seven shards in split train (stages easy = 0, 1, 2 and hard = 2, 3, 4, overlapping on
+    shard 2), and split val; returns the manifest URI."""
+    saver = client.dataset_saver(
+        f"{root}/shards-src/data-manifest.json", data_format="msgpack.zstf"
+    )
+    shards = [
+        saver.save(
+            "train",
+            None,
+            [{"shard": index, "i": i} for i in range(count)],
+            shard_id=f"{index:03d}",
+        )
+        for index, count in enumerate(SHARD_RECORDS)
+    ]
+    val = saver.save("val", None, [{"shard": 99, "i": 0}], shard_id="val")
+
+    def stage(indexes: list[int]) -> dict[str, Any]:
+        picked = [shards[i] for i in indexes]
+        return {
+            "records": sum(s.records for s in picked),
+            "shards": [s.model_dump() for s in picked],
+        }
+
+    manifest_uri = f"{root}/data-manifest.json"
+    client.save_manifest(
+        manifest_uri,
+        {
+            "version": 1,
+            "data_format": "msgpack.zstf",
+            "splits": {
+                "train": {
+                    "records": sum(SHARD_RECORDS),
+                    "shards": [s.model_dump() for s in shards],
+                    "curriculum": {"hard": stage([2, 3, 4]), "easy": stage([0, 1, 2])},
+                },
+                "val": {"records": 1, "shards": [val.model_dump()]},
+            },
+        },
+    )
+    return manifest_uri
+
+
+@pytest.fixture(scope="module")
+def local_dataset(tmp_path_factory) -> tuple[SyvainTrainingData, str]:
+    client = SyvainTrainingData()
+    root = f"file://{tmp_path_factory.mktemp('loader')}"
+    return client, make_dataset(client, root)
+
+
+@pytest.fixture(scope="module")
+def s3_dataset(seaweed, s3_bucket) -> tuple[SyvainTrainingData, str]:
+    client = SyvainTrainingData(
+        s3_base_url=seaweed.endpoint,
+        region=seaweed.region,
+        access_key_id=seaweed.access_key_id,
+        secret_access_key=seaweed.secret_access_key,
+    )
+    return client, make_dataset(client, f"s3://{s3_bucket}/loader-{uuid.uuid4().hex}")
+
+
+@pytest.fixture(params=["local", "s3"])
+def dataset(request) -> tuple[SyvainTrainingData, str]:
+    return request.getfixturevalue(f"{request.param}_dataset")
+
+
+def keys(batches) -> list[tuple[int, int]]:
+    return [(record["shard"], record["i"]) for batch in batches for record in batch]
+
+
+ALL_TRAIN = [(s, i) for s, count in enumerate(SHARD_RECORDS) for i in range(count)]
+
+
+# --- SPEC section 6 -------------------------------------------------------------------------
+
+
+def test_lazy_export_keeps_torch_out_of_base_import():
+    code = (
+        "import sys, syvain_training_data as p; assert 'torch' not in sys.modules; "
+        "from syvain_training_data import SplitDataLoader; assert 'torch' in sys.modules; "
+        "assert SplitDataLoader.__module__ == 'syvain_training_data.loader'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_split_and_stage_errors(local_dataset):
+    client, uri = local_dataset
+    loader = client.split_data_loader(uri, as_list)
+    with pytest.raises(ValueError, match=r"^Unknown split 'x'; available splits: train, val$"):
+        loader.load("x")
+    with pytest.raises(
+        ValueError,
+        match=r"Unknown curriculum stage 'mid'.*available stages: "
+        r"easy, hard$",
+    ):
+        loader.load("train", "mid")
+    with pytest.raises(ValueError, match="^Unknown curriculum stage .nope."):
+        loader.load("train", curriculum_stages=["hard", "nope"])
+    with pytest.raises(ValueError, match="not both"):
+        loader.load("train", "easy", curriculum_stages=["hard"])
+    with pytest.raises(ValueError, match="not a str"):
+        loader.load("train", curriculum_stages="easy")
+    with pytest.raises(ValueError, match="must not be empty"):
+        loader.load("train", curriculum_stages=[])
+    with pytest.raises(ValueError, match="Duplicate curriculum stages: easy$"):
+        loader.load("train", curriculum_stages=["easy", "hard", "easy"])
+
+
+def test_dataloader_args_errors(local_dataset):
+    client, uri = local_dataset
+    with pytest.raises(ValueError, match="^Pass collate_fn to split_data_loader, not "):
+        client.split_data_loader(uri, as_list, {"collate_fn": as_list})
+    with pytest.raises(ValueError, match="num_workers must not be negative"):
+        client.split_data_loader(uri, as_list, {"num_workers": -1})
+
+
+def test_manifest_is_read_once_at_construction(tmp_path):
+    client = SyvainTrainingData()
+    uri = make_dataset(client, f"file://{tmp_path}")
+    loader = client.split_data_loader(uri, as_list)
+    (tmp_path / "data-manifest.json").unlink()
+    assert keys(loader.load("train")) == ALL_TRAIN
+    with pytest.raises(FileNotFoundError):
+        client.split_data_loader(uri, as_list)
+
+
+def test_workers_capped_and_worker_only_args_dropped(local_dataset):
+    client, uri = local_dataset
+    capped = client.split_data_loader(uri, as_list, {"num_workers": 50}).load("train", "easy")
+    assert capped.num_workers == 3
+    assert capped.dataset.shards == tuple(
+        capped.dataset.shards
+    )  # the selection itself is untouched
+    args = {
+        "num_workers": 0,
+        "persistent_workers": True,
+        "prefetch_factor": 4,
+        "multiprocessing_context": "spawn",
+        "timeout": 30,
+        "batch_size": 4,
+    }
+    loader = client.split_data_loader(uri, as_list, args).load("train")
+    assert (loader.num_workers, loader.persistent_workers, loader.timeout) == (0, False, 0)
+    assert loader.prefetch_factor is None and loader.multiprocessing_context is None
+    assert keys(loader) == ALL_TRAIN
+
+
+def test_worker_partitioning_in_manifest_order(dataset):
+    client, uri = dataset
+    loader = client.split_data_loader(
+        uri, tag_worker, {"num_workers": 3, "batch_size": 2, "multiprocessing_context": "fork"}
+    ).load("train")
+    by_worker: dict[int, list[tuple[int, int]]] = {}
+    for worker, batch in loader:
+        by_worker.setdefault(worker, []).extend((r["shard"], r["i"]) for r in batch)
+    for worker in range(3):
+        expected = [k for k in ALL_TRAIN if k[0] % 3 == worker]
+        assert by_worker[worker] == expected
+    assert ShardDataset.consumer_shards(loader.dataset, 1, 3) == [1, 4]
+
+
+def test_curriculum_union_keeps_stage_order_and_drops_repeats(local_dataset):
+    client, uri = local_dataset
+    loader = client.split_data_loader(uri, as_list, {"batch_size": 3})
+    union = loader.load("train", curriculum_stages=["hard", "easy"])
+    assert [s for s, _ in keys(union)] == sorted(
+        [2] * 3 + [3] * 7 + [4] * 4 + [0] * 5 + [1] * 9, key=[2, 3, 4, 0, 1].index
+    )
+    assert [r["shard"] for b in loader.load("train", "easy") for r in b] == [0] * 5 + [1] * 9 + [
+        2
+    ] * 3
+
+
+# --- ranks -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_exactly_once_across_ranks_and_workers(dataset, world_size, workers):
+    client, uri = dataset
+    args = {"num_workers": workers, "batch_size": 4}
+    if workers:
+        args["multiprocessing_context"] = "fork"
+    loader = client.split_data_loader(uri, as_list, args)
+    seen: list[tuple[int, int]] = []
+    parts = []
+    for rank in range(world_size):
+        part = keys(loader.load("train", rank=rank, world_size=world_size))
+        parts.append({s for s, _ in part})
+        seen.extend(part)
+    assert Counter(seen) == Counter(ALL_TRAIN)
+    assert all(a.isdisjoint(b) for a in parts for b in parts if a is not b)
+
+
+def test_equal_batches_drops_the_uneven_tail(local_dataset):
+    client, uri = local_dataset
+    loader = client.split_data_loader(uri, as_list, {"batch_size": 2})
+    counts, seen = [], []
+    for rank in range(3):
+        dl = loader.load("train", rank=rank, world_size=3, equal_batches=True)
+        batches = list(dl)
+        assert len(dl) == len(batches)
+        counts.append(len(batches))
+        seen.extend(keys(batches))
+    # rank parts: shards {0,3,6}=20, {1,4}=13, {2,5}=9 records -> 10, 7, 5 batches -> 5 each
+    assert counts == [5, 5, 5]
+    assert len(seen) == len(set(seen)) and set(seen) <= set(ALL_TRAIN)
+
+
+def test_rank_and_world_size_validation(local_dataset):
+    client, uri = local_dataset
+    loader = client.split_data_loader(uri, as_list)
+    with pytest.raises(ValueError, match="both rank and world_size"):
+        loader.load("train", rank=0)
+    with pytest.raises(ValueError, match="rank must be in"):
+        loader.load("train", rank=2, world_size=2)
+
+
+# --- infinite_iter, shuffling, epochs, start methods ----------------------------------------
+
+
+def test_infinite_iter_cycles_epochs(local_dataset):
+    client, uri = local_dataset
+    batches = client.split_data_loader(uri, as_list, {"batch_size": 10}).load(
+        "train", infinite_iter=True
+    )
+    taken = [next(batches) for _ in range(12)]  # 5 batches per epoch
+    assert keys(taken[:5]) == ALL_TRAIN and keys(taken[5:10]) == ALL_TRAIN
+
+
+def test_infinite_iter_raises_on_an_empty_epoch(local_dataset):
+    client, uri = local_dataset
+    loader = client.split_data_loader(uri, as_list)
+    endless = loader.load("val", infinite_iter=True, rank=1, world_size=2)
+    with pytest.raises(RuntimeError, match="^val split produced no batches$"):
+        next(endless)
+
+
+def test_shuffle_is_deterministic_per_seed_and_epoch(local_dataset):
+    client, uri = local_dataset
+    loader = client.split_data_loader(uri, as_list, {"batch_size": 4})
+
+    def epoch_keys(seed, epoch):
+        dl = loader.load("train", seed=seed, shuffle_buffer=6)
+        dl.set_epoch(epoch)
+        return keys(dl)
+
+    first = epoch_keys(1, 0)
+    assert first == epoch_keys(1, 0)
+    assert first != epoch_keys(1, 1) and first != epoch_keys(2, 0)
+    assert sorted(first) == ALL_TRAIN and first != ALL_TRAIN
+    dl = loader.load("train", seed=1, shuffle_buffer=6)
+    assert keys(dl) == first and keys(dl) == epoch_keys(1, 1)  # passes advance the epoch
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_start_methods_with_persistent_workers(dataset, context):
+    if context == "forkserver" and dataset[1].startswith("s3://"):
+        pytest.skip("one forkserver run (local store) is enough")
+    client, uri = dataset
+    args = {
+        "num_workers": 2,
+        "batch_size": 4,
+        "multiprocessing_context": context,
+        "persistent_workers": True,
+    }
+    dl = client.split_data_loader(uri, as_list, args).load("train", seed=5)
+    epochs = [keys(dl), keys(dl)]
+    assert all(sorted(epoch) == ALL_TRAIN for epoch in epochs)
+    reference = client.split_data_loader(uri, as_list, {"batch_size": 4}).load("train", seed=5)
+    reference.set_epoch(1)
+    assert sorted(epochs[1], key=lambda k: k[0]) == sorted(keys(reference), key=lambda k: k[0])
+
+
+def test_split_data_loader_type(local_dataset):
+    client, uri = local_dataset
+    assert isinstance(client.split_data_loader(uri, as_list), SplitDataLoader)
+    assert isinstance(
+        client.split_data_loader(uri, as_list).load("val"), torch.utils.data.DataLoader
+    )
+
+
+# --- resumption ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_resume_mid_epoch_loses_and_repeats_nothing(local_dataset, workers):
+    client, uri = local_dataset
+    args = {"num_workers": workers, "batch_size": 3}
+    if workers:
+        args["multiprocessing_context"] = "fork"
+    loader = client.split_data_loader(uri, as_list, args)
+    rng = random.Random(workers)
+    total = len(list(loader.load("train", seed=7, shuffle_buffer=4)))
+    for stop in sorted(rng.sample(range(1, total), 5)):
+        first = loader.load("train", seed=7, shuffle_buffer=4, stateful=True)
+        first.set_epoch(2)
+        it = iter(first)
+        before = [next(it) for _ in range(stop)]
+        state = first.state_dict()
+        del it
+        resumed = loader.load("train", seed=7, shuffle_buffer=4, stateful=True)
+        resumed.load_state_dict(state)
+        after = list(resumed)
+        assert Counter(keys(before) + keys(after)) == Counter(ALL_TRAIN), stop
+        assert sorted(keys(resumed)) == ALL_TRAIN  # the next pass is a whole epoch again
+
+
+def test_torchdata_stateful_dataloader_accepts_the_dataset(local_dataset):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    client, uri = local_dataset
+    dataset = client.split_data_loader(uri, as_list).load("train", seed=3).dataset
+    first = StatefulDataLoader(dataset, batch_size=5, collate_fn=as_list)
+    it = iter(first)
+    before = [next(it) for _ in range(4)]
+    state = first.state_dict()
+    again = client.split_data_loader(uri, as_list).load("train", seed=3).dataset
+    resumed = StatefulDataLoader(again, batch_size=5, collate_fn=as_list)
+    resumed.load_state_dict(state)
+    assert Counter(keys(before) + keys(resumed)) == Counter(ALL_TRAIN)
+
+
+GLOO_RANK = """
+import json, sys
+import torch.distributed as dist
+from syvain_training_data import SyvainTrainingData
+rank, init, uri, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+loader = SyvainTrainingData().split_data_loader(uri, list, {"batch_size": 4})
+batches = list(loader.load("train", equal_batches=True))
+keys = [[r["shard"], r["i"]] for b in loader.load("train") for r in b]
+json.dump({"keys": keys, "equal": len(batches)}, open(out, "w"))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_ranks_from_a_real_gloo_group(local_dataset, tmp_path):
+    _, uri = local_dataset
+    init = f"file://{tmp_path}/rendezvous"
+    outs = [tmp_path / f"rank{rank}.json" for rank in range(2)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", GLOO_RANK, str(rank), init, uri, str(out)])
+        for rank, out in enumerate(outs)
+    ]
+    assert [proc.wait(timeout=120) for proc in procs] == [0, 0]
+    results = [json.loads(out.read_text()) for out in outs]
+    seen = [tuple(k) for result in results for k in result["keys"]]
+    assert Counter(seen) == Counter(ALL_TRAIN)
+    assert results[0]["equal"] == results[1]["equal"]
+
+
+def test_next_shard_is_requested_before_the_current_one_ends(local_dataset, monkeypatch):
+    import syvain_training_data.loader as loader_module
+
+    client, uri = local_dataset
+    events: list[str] = []
+    real_iter_shard = loader_module.iter_shard
+
+    def recording_iter_shard(data_format, shard, *, storage_config):
+        name = shard.uri.rsplit("/", 1)[-1]
+        events.append(f"open {name}")
+        yield from real_iter_shard(data_format, shard, storage_config=storage_config)
+        events.append(f"end {name}")
+
+    monkeypatch.setattr(loader_module, "iter_shard", recording_iter_shard)
+    dataset = client.split_data_loader(uri, as_list).load("train", "easy").dataset
+    for _ in dataset:
+        time.sleep(0.01)  # a slow consumer: the prefetch thread gets to run
+    assert events.index("open part-001.msgpack.zstf") < events.index("end part-000.msgpack.zstf")
+    assert events.index("open part-002.msgpack.zstf") > events.index("end part-000.msgpack.zstf")
+
+
+# --- curriculum mixing -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mix_dataset(tmp_path_factory) -> tuple[SyvainTrainingData, str]:
+    """Stages a (weight 3) and b (weight 1), two shards of 400 records each."""
+    client = SyvainTrainingData()
+    uri = f"file://{tmp_path_factory.mktemp('mix')}/data-manifest.json"
+    saver = client.dataset_saver(uri, data_format="jsonl.gz")
+    for stage, weight in (("a", 3), ("b", 1)):
+        for part in range(2):
+            saver.save(
+                "train",
+                stage,
+                [{"stage": stage, "part": part, "i": i} for i in range(400)],
+                curriculum_metadata={"weight": weight},
+                shard_id=f"{stage}-{part}",
+            )
+    saver.commit_manifest()
+    return client, uri
+
+
+def test_mixing_proportions_follow_the_weights(mix_dataset):
+    client, uri = mix_dataset
+    loader = client.split_data_loader(uri, as_list, {"batch_size": 16})
+    drawn = [r["stage"] for b in loader.load("train", mixing_weights={"a": 1, "b": 1}) for r in b]
+    # first_exhausted: the epoch ends at the first draw from an empty stage
+    assert Counter(drawn)["a"] <= 800 and Counter(drawn)["b"] <= 800
+    assert 800 in Counter(drawn).values()
+    assert abs(drawn.count("a") / len(drawn) - 0.5) < 0.05
+    weighted = loader.load("train", curriculum_stages=["a", "b"], mixing_weights="metadata")
+    stages = [r["stage"] for b in weighted for r in b]
+    assert stages.count("a") == 800  # a (weight 3) runs out first
+    assert abs(stages.count("a") / len(stages) - 0.75) < 0.04  # 3 sigma at ~1070 draws
+    again = loader.load("train", curriculum_stages=["a", "b"], mixing_weights="metadata")
+    assert [r["stage"] for b in again for r in b] == stages  # deterministic from the seed
+
+
+def test_mixing_until_all_exhausted_reads_everything_once(mix_dataset):
+    client, uri = mix_dataset
+    loader = client.split_data_loader(
+        uri, as_list, {"batch_size": 16, "num_workers": 2, "multiprocessing_context": "fork"}
+    )
+    seen = []
+    for rank in range(2):
+        dl = loader.load(
+            "train",
+            mixing_weights={"a": 3, "b": 1},
+            mixing_stop="all_exhausted",
+            rank=rank,
+            world_size=2,
+            seed=4,
+            shuffle_buffer=32,
+        )
+        seen += [(r["stage"], r["part"], r["i"]) for b in dl for r in b]
+    assert sorted(seen) == [(s, p, i) for s in "ab" for p in range(2) for i in range(400)]
+
+
+def test_mixing_resumes_mid_epoch(mix_dataset):
+    client, uri = mix_dataset
+    loader = client.split_data_loader(
+        uri, as_list, {"batch_size": 16, "num_workers": 2, "multiprocessing_context": "fork"}
+    )
+
+    def load():
+        return loader.load("train", mixing_weights={"a": 3, "b": 1}, stateful=True, seed=9)
+
+    def flat(batches):
+        return [(r["stage"], r["part"], r["i"]) for b in batches for r in b]
+
+    whole = flat(load())
+    first = load()
+    it = iter(first)
+    before = [next(it) for _ in range(30)]
+    state = first.state_dict()
+    del it
+    resumed = load()
+    resumed.load_state_dict(state)
+    assert sorted(flat(before) + flat(resumed)) == sorted(whole)
+
+
+def test_mixing_argument_errors(mix_dataset, local_dataset):
+    client, uri = mix_dataset
+    loader = client.split_data_loader(uri, as_list)
+    with pytest.raises(ValueError, match="exactly the stages"):
+        loader.load("train", curriculum_stages=["a"], mixing_weights={"a": 1, "b": 1})
+    with pytest.raises(ValueError, match="positive finite weight"):
+        loader.load("train", mixing_weights={"a": 1, "b": 0})
+    with pytest.raises(ValueError, match="needs curriculum_stages"):
+        loader.load("train", mixing_weights="metadata")
+    with pytest.raises(ValueError, match="all_exhausted"):
+        loader.load("train", mixing_weights={"a": 1, "b": 1}, equal_batches=True)
+    local_client, local_uri = local_dataset
+    no_weights = local_client.split_data_loader(local_uri, as_list)
+    with pytest.raises(ValueError, match="'easy' needs a positive finite weight, got None"):
+        no_weights.load("train", curriculum_stages=["easy", "hard"], mixing_weights="metadata")
+
+
+def test_resume_after_a_finished_pass_starts_the_next_epoch(local_dataset):
+    client, uri = local_dataset
+    loader = client.split_data_loader(uri, as_list, {"batch_size": 4})
+    first = loader.load("train", seed=2, stateful=True)
+    epoch0 = keys(first)
+    state = first.state_dict()
+    resumed = loader.load("train", seed=2, stateful=True)
+    resumed.load_state_dict(state)
+    reference = loader.load("train", seed=2)
+    reference.set_epoch(1)
+    assert keys(resumed) == keys(reference) != epoch0
+
+
+def test_without_torch_the_error_names_the_extra():
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "try:\n"
+        "    from syvain_training_data import SplitDataLoader\n"
+        "except ModuleNotFoundError as error:\n"
+        "    assert \"pip install 'syvain-training-data[torch]'\" in str(error), error\n"
+        "else:\n"
+        "    raise SystemExit('no error')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
