@@ -23,12 +23,48 @@ const CHANNEL_BATCHES: usize = 2;
 /// A payload batch is handed on at this many records or bytes, whichever comes first.
 const BATCH_RECORDS: usize = 512;
 const BATCH_BYTES: usize = 4 << 20;
+/// One call hands back records of about this many encoded bytes at most (always at least one
+/// record): the objects of a call then stay in the CPU caches and in the interpreter's recycled
+/// memory pools until the caller drops them, where a call of thousands of large records would
+/// make the allocator map fresh memory for every call.
+/// (Measured on 1.4 KB records: 64 KiB calls build them 1.4 times as fast as 1024-record calls.)
+const CALL_BYTES: usize = 64 << 10;
 /// How often a waiting reader takes the GIL back to check for Ctrl-C.
 const SIGNAL_POLL: Duration = Duration::from_millis(100);
 const LOGGER: &str = "syvain_training_data";
 
+/// Validated payloads back to back in `data`, payload `i` ending at `ends[i]`; `next` is the
+/// first not yet built.
+struct Payloads {
+    data: Vec<u8>,
+    ends: Vec<usize>,
+    next: usize,
+}
+
+impl Payloads {
+    /// An empty batch with room for `bytes` (the size of the previous one, so a steady stream
+    /// of batches does not regrow each buffer from nothing).
+    fn with_capacity(bytes: usize) -> Self {
+        Self {
+            data: Vec::with_capacity(bytes),
+            ends: Vec::with_capacity(BATCH_RECORDS),
+            next: 0,
+        }
+    }
+
+    fn take_next(&mut self) -> Option<&[u8]> {
+        let end = *self.ends.get(self.next)?;
+        let start = match self.next {
+            0 => 0,
+            n => self.ends[n - 1],
+        };
+        self.next += 1;
+        self.data.get(start..end)
+    }
+}
+
 enum Batch {
-    Payloads(VecDeque<Vec<u8>>),
+    Payloads(Payloads),
     Lines(LineBatch, usize),
 }
 
@@ -63,6 +99,8 @@ pub struct ShardReader {
     state: State,
     keys: KeyCache,
     logger: Option<PyObject>,
+    /// Encoded bytes of the records built by the current `fill`.
+    call_bytes: usize,
 }
 
 impl ShardReader {
@@ -92,13 +130,15 @@ impl ShardReader {
             state: State::Open,
             keys: KeyCache::default(),
             logger: None,
+            call_bytes: 0,
         })
     }
 
     /// Appends up to `max` records to `out`. A failure after some records is kept and raised
     /// by the next call, so the records before a bad byte still reach the caller.
     fn fill(&mut self, py: Python<'_>, max: usize, out: &mut Vec<PyObject>) -> PyResult<()> {
-        while out.len() < max {
+        self.call_bytes = 0;
+        while out.len() < max && (out.is_empty() || self.call_bytes < CALL_BYTES) {
             if let Some(record) = self.ready.pop_front() {
                 out.push(record);
                 continue;
@@ -171,10 +211,11 @@ impl ShardReader {
     ) -> NativeResult<Option<Bound<'py, PyAny>>> {
         match batch {
             Batch::Payloads(payloads) => {
-                let Some(payload) = payloads.pop_front() else {
+                let Some(payload) = payloads.take_next() else {
                     return Ok(None);
                 };
-                match py_build::msgpack_record(py, &payload, &mut self.keys) {
+                self.call_bytes += payload.len();
+                match py_build::msgpack_record(py, payload, &mut self.keys) {
                     Ok(record) => Ok(Some(record)),
                     Err(Ok(reason)) => Err(self.error(reason)),
                     Err(Err(py_err)) => Err(NativeError::Python(py_err)),
@@ -185,7 +226,9 @@ impl ShardReader {
                     return Ok(None);
                 };
                 *next += 1;
-                let record = py_build::json_record(py, lines.line(line));
+                let text = lines.line(line);
+                self.call_bytes += text.len();
+                let record = py_build::json_record(py, text);
                 if record.is_none() {
                     self.log_invalid_line(py, line.number)?;
                 }
@@ -239,14 +282,15 @@ impl ShardReader {
 
 fn batch_done(batch: &Batch) -> bool {
     match batch {
-        Batch::Payloads(payloads) => payloads.is_empty(),
+        Batch::Payloads(payloads) => payloads.next >= payloads.ends.len(),
         Batch::Lines(lines, next) => *next >= lines.lines.len(),
     }
 }
 
 #[pymethods]
 impl ShardReader {
-    /// Up to `max_records` records; an empty list once the shard is done and its count checked.
+    /// Up to `max_records` records, fewer once about 64 KiB of encoded records are built (at
+    /// least one); an empty list once the shard is done and its count checked.
     #[pyo3(signature = (max_records = 1024))]
     fn next_batch<'py>(
         &mut self,
@@ -334,26 +378,25 @@ fn produce(
 }
 
 fn produce_payloads(mut frames: ZstfFrames, sender: &SyncSender<Message>) {
-    let mut batch = VecDeque::new();
-    let mut bytes = 0;
+    let mut batch = Payloads::with_capacity(0);
     let last = loop {
-        match frames.next_payload() {
-            Ok(Some(payload)) => {
-                bytes += payload.len();
-                batch.push_back(payload);
-                if batch.len() >= BATCH_RECORDS || bytes >= BATCH_BYTES {
-                    let full = Batch::Payloads(std::mem::take(&mut batch));
-                    bytes = 0;
-                    if sender.send(Message::Batch(full)).is_err() {
+        match frames.append_payload(&mut batch.data) {
+            Ok(true) => {
+                batch.ends.push(batch.data.len());
+                if batch.ends.len() >= BATCH_RECORDS || batch.data.len() >= BATCH_BYTES {
+                    let room = batch.data.len().min(BATCH_BYTES);
+                    let full = std::mem::replace(&mut batch, Payloads::with_capacity(room));
+                    if sender.send(Message::Batch(Batch::Payloads(full))).is_err() {
                         return;
                     }
                 }
             }
-            Ok(None) => break Message::End,
+            Ok(false) => break Message::End,
+            // The records validated before the bad one still reach the caller.
             Err(failure) => break Message::Failed(failure),
         }
     };
-    if !batch.is_empty() && sender.send(Message::Batch(Batch::Payloads(batch))).is_err() {
+    if !batch.ends.is_empty() && sender.send(Message::Batch(Batch::Payloads(batch))).is_err() {
         return;
     }
     let _ = sender.send(last);

@@ -70,18 +70,24 @@ pub fn validate_record(payload: &[u8]) -> Result<(), &'static str> {
     })
 }
 
-enum Token<'a> {
+/// One MessagePack item: a scalar, or the header of a map (entries) or array (items).
+pub(crate) enum Token<'a> {
     Scalar(Scalar<'a>),
     Map(usize),
     Array(usize),
 }
 
-struct Cursor<'a> {
+/// Reads tokens off a payload; every read is bounds-checked, so any bytes are safe to feed.
+pub(crate) struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
 }
 
 impl<'a> Cursor<'a> {
+    pub(crate) fn new(buf: &'a [u8]) -> Self {
+        Self { buf, pos: 0 }
+    }
+
     fn take(&mut self, n: usize) -> Result<&'a [u8], &'static str> {
         let end = self.pos.checked_add(n).ok_or(INVALID_PAYLOAD)?;
         let bytes = self.buf.get(self.pos..end).ok_or(INVALID_PAYLOAD)?;
@@ -107,7 +113,7 @@ impl<'a> Cursor<'a> {
         usize::try_from(u32::from_be_bytes(self.array()?)).map_err(|_| INVALID_PAYLOAD)
     }
 
-    fn remaining(&self) -> usize {
+    pub(crate) fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }
 
@@ -139,7 +145,7 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    fn token(&mut self) -> Result<Token<'a>, &'static str> {
+    pub(crate) fn token(&mut self) -> Result<Token<'a>, &'static str> {
         let marker = self.u8()?;
         let scalar = |s| Ok(Token::Scalar(s));
         match marker {
@@ -219,7 +225,7 @@ fn payload<E>(reason: &'static str) -> ParseError<E> {
 
 /// Parses one record: a map with string keys at every depth, filling the whole payload.
 pub fn parse_record<S: Sink>(buf: &[u8], sink: &mut S) -> Result<(), ParseError<S::Error>> {
-    let mut cur = Cursor { buf, pos: 0 };
+    let mut cur = Cursor::new(buf);
     let first = match cur.token().map_err(payload)? {
         Token::Map(n) => n,
         Token::Scalar(_) | Token::Array(_) => return Err(payload(NOT_A_MAP)),

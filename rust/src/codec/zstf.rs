@@ -25,7 +25,12 @@ pub struct ZstfFrames {
     frames: u64,
     dctx: DCtx<'static>,
     payload_limit: u64,
+    /// The frame being decompressed; reused, so steady-state records allocate nothing.
+    scratch: Vec<u8>,
 }
+
+/// A scratch buffer grown past this by a large record is freed rather than kept.
+const MAX_KEPT_SCRATCH: usize = 8 << 20;
 
 impl ZstfFrames {
     pub fn new(source: Box<dyn ByteSource>, declared: u64) -> Self {
@@ -35,6 +40,7 @@ impl ZstfFrames {
             frames: 0,
             dctx: DCtx::create(),
             payload_limit: MAX_PAYLOAD_BYTES,
+            scratch: Vec::new(),
         }
     }
 
@@ -51,9 +57,16 @@ impl ZstfFrames {
 
     /// The next record's validated MessagePack payload; `None` at the end of the object.
     pub fn next_payload(&mut self) -> Result<Option<Vec<u8>>, Failure> {
+        let mut payload = Vec::new();
+        Ok(self.append_payload(&mut payload)?.then_some(payload))
+    }
+
+    /// Appends the next record's validated payload to `out` (so a batch of records shares one
+    /// buffer); `false` at the end of the object. On an error `out` is left as it was.
+    pub fn append_payload(&mut self, out: &mut Vec<u8>) -> Result<bool, Failure> {
         let header = self.reader.read_exact(8)?;
         if header.is_empty() {
-            return Ok(None);
+            return Ok(false);
         }
         let header: [u8; 8] = header[..]
             .try_into()
@@ -71,15 +84,26 @@ impl ZstfFrames {
         if frame.len() < len {
             return Err(Failure::shard(TRUNCATED_FRAME));
         }
-        let payload = decompress_frame(&mut self.dctx, &frame, self.payload_limit)?;
-        msgpack::validate_record(&payload).map_err(Failure::shard)?;
+        let scratch = &mut self.scratch;
+        decompress_frame(&mut self.dctx, &frame, self.payload_limit, scratch)?;
+        msgpack::validate_record(scratch).map_err(Failure::shard)?;
+        out.extend_from_slice(scratch);
+        if scratch.capacity() > MAX_KEPT_SCRATCH {
+            *scratch = Vec::new();
+        }
         self.frames += 1;
-        Ok(Some(payload))
+        Ok(true)
     }
 }
 
-/// Decompresses exactly one complete frame filling `frame`, to at most `limit` bytes.
-fn decompress_frame(dctx: &mut DCtx<'_>, frame: &[u8], limit: u64) -> Result<Vec<u8>, Failure> {
+/// Decompresses exactly one complete frame filling `frame`, to at most `limit` bytes, into
+/// `out` (cleared first; its capacity is reused).
+fn decompress_frame(
+    dctx: &mut DCtx<'_>,
+    frame: &[u8],
+    limit: u64,
+    out: &mut Vec<u8>,
+) -> Result<(), Failure> {
     let invalid = || Failure::shard(INVALID_ZSTD_FRAME);
     if frame.get(..4) != Some(&ZSTD_MAGIC[..]) {
         return Err(invalid());
@@ -93,6 +117,7 @@ fn decompress_frame(dctx: &mut DCtx<'_>, frame: &[u8], limit: u64) -> Result<Vec
         return Err(Failure::shard(PAYLOAD_TOO_LARGE));
     }
     let limit = usize::try_from(declared.unwrap_or(limit)).map_err(|_| invalid())?;
+    out.clear();
     // One byte past the limit tells "exactly at the limit" from "over it" when no size is
     // declared. A small frame cannot expand to a huge declared size, so don't trust it up front.
     let initial = declared
@@ -100,7 +125,7 @@ fn decompress_frame(dctx: &mut DCtx<'_>, frame: &[u8], limit: u64) -> Result<Vec
         .min(frame.len().saturating_mul(64).max(1 << 16))
         .min(limit)
         + 1;
-    let mut out: Vec<u8> = Vec::with_capacity(initial);
+    out.reserve_exact(initial);
     dctx.reset(zstd_safe::ResetDirective::SessionOnly)
         .map_err(|_| invalid())?;
     let mut input = InBuffer::around(frame);
@@ -108,7 +133,7 @@ fn decompress_frame(dctx: &mut DCtx<'_>, frame: &[u8], limit: u64) -> Result<Vec
         let (written_before, read_before) = (out.len(), input.pos());
         let hint = {
             // Appends after what earlier rounds wrote; dropping the buffer sets `out.len()`.
-            let mut output = OutBuffer::around_pos(&mut out, written_before);
+            let mut output = OutBuffer::around_pos(&mut *out, written_before);
             dctx.decompress_stream(&mut output, &mut input)
                 .map_err(|_| invalid())?
         };
@@ -135,7 +160,7 @@ fn decompress_frame(dctx: &mut DCtx<'_>, frame: &[u8], limit: u64) -> Result<Vec
     if input.pos() != frame.len() {
         return Err(invalid());
     }
-    Ok(out)
+    Ok(())
 }
 
 #[cfg(test)]
