@@ -287,11 +287,12 @@ def test_shuffle_is_deterministic_per_seed_and_epoch(local_dataset):
     assert keys(dl) == first and keys(dl) == epoch_keys(1, 1)  # passes advance the epoch
 
 
-@pytest.mark.parametrize("context", ["spawn", "forkserver"])
-def test_start_methods_with_persistent_workers(dataset, context):
-    if context == "forkserver" and dataset[1].startswith("s3://"):
-        pytest.skip("one forkserver run (local store) is enough")
-    client, uri = dataset
+# fork is the default context of the other worker tests; forkserver once is enough.
+@pytest.mark.parametrize(
+    ("store", "context"), [("local", "spawn"), ("s3", "spawn"), ("local", "forkserver")]
+)
+def test_start_methods_with_persistent_workers(request, store, context):
+    client, uri = request.getfixturevalue(f"{store}_dataset")
     args = {
         "num_workers": 2,
         "batch_size": 4,
@@ -318,8 +319,8 @@ def test_split_data_loader_type(local_dataset):
 
 
 @pytest.mark.parametrize("workers", [0, 1, 2])
-def test_resume_mid_epoch_loses_and_repeats_nothing(local_dataset, workers):
-    client, uri = local_dataset
+def test_resume_mid_epoch_loses_and_repeats_nothing(dataset, workers):
+    client, uri = dataset
     args = {"num_workers": workers, "batch_size": 3}
     if workers:
         args["multiprocessing_context"] = "fork"
@@ -338,6 +339,43 @@ def test_resume_mid_epoch_loses_and_repeats_nothing(local_dataset, workers):
         after = list(resumed)
         assert Counter(keys(before) + keys(after)) == Counter(ALL_TRAIN), stop
         assert sorted(keys(resumed)) == ALL_TRAIN  # the next pass is a whole epoch again
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_does_not_download_finished_shards(local_dataset, workers, monkeypatch, tmp_path):
+    """Shards a resumed pass has finished are never opened again (forked workers inherit the
+    recording patch and append to a file)."""
+    import syvain_training_data.loader as loader_module
+
+    client, uri = local_dataset
+    opened = tmp_path / "opened.txt"
+    real_iter_shard = loader_module.iter_shard
+
+    def recording_iter_shard(data_format, shard, *, storage_config):
+        with opened.open("a") as log:
+            log.write(shard.uri.rsplit("-", 1)[-1].split(".")[0] + "\n")
+        return real_iter_shard(data_format, shard, storage_config=storage_config)
+
+    monkeypatch.setattr(loader_module, "iter_shard", recording_iter_shard)
+    args: dict[str, Any] = {"num_workers": workers, "batch_size": 1}
+    if workers:
+        args["multiprocessing_context"] = "fork"
+    loader = client.split_data_loader(uri, as_list, args)
+    first = loader.load("train", stateful=True)
+    it = iter(first)
+    # Without workers: shards 0 (5 records) and 1 (9) are done after 15 records. With two
+    # workers taking turns per batch, worker 0 reads shards 0, 2, 4, 6 (5, 3, 4, 8 records)
+    # and worker 1 shards 1, 3, 5 (9, 7, 6): after 10 records each, 0, 2 and 1 are done.
+    before = [next(it) for _ in range(15 if workers == 0 else 20)]
+    state = first.state_dict()
+    del it
+    opened.unlink()
+    resumed = loader.load("train", stateful=True)
+    resumed.load_state_dict(state)
+    after = list(resumed)
+    assert Counter(keys(before) + keys(after)) == Counter(ALL_TRAIN)
+    reopened = {int(name) for name in opened.read_text().split()}
+    assert reopened == ({2, 3, 4, 5, 6} if workers == 0 else {3, 4, 5, 6})
 
 
 def test_torchdata_stateful_dataloader_accepts_the_dataset(local_dataset):

@@ -16,6 +16,7 @@ from syvain_training_data.manifest import (
     ManifestShard,
 )
 from syvain_training_data.saver import DatasetSaver
+from syvain_training_data.shard import iter_shard
 from syvain_training_data.storage import StorageConfig
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "StorageConfig",
     "StorageRetryExhaustedError",
     "SyvainTrainingData",
+    "iter_shard",
 ]
 
 _LAZY = {"SplitDataLoader": "syvain_training_data.loader"}
