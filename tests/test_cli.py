@@ -169,7 +169,7 @@ def test_verify_finds_a_missing_shard(store):
     result = run("verify", manifest_uri, env=store.env)
     assert result.code == 1
     assert f"problem: {shard.uri}: missing" in result.out
-    assert "FAILED: 1 problem(s) in 4 shards" in result.out
+    assert "FAILED: 1 problem in 4 shards" in result.out
 
 
 def test_verify_finds_a_size_mismatch(store):

@@ -385,6 +385,10 @@ def _table(rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
     ]
 
 
+def plural(count: int, noun: str) -> str:
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")
+
+
 def human_bytes(size: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(size) < 1000 or unit == "TB":
@@ -457,8 +461,9 @@ class Progress:
         return (
             f"{self._label}: {human_bytes(self.bytes)} / {human_bytes(total_bytes)} "
             f"({percent:.0f}%), {self.records:,} / {total_records:,} records, "
-            f"{self.shards} / {total_shards} shards, {human_bytes(self.bytes / elapsed)}/s, "
-            f"{self.records / elapsed:,.0f} records/s, {elapsed:.1f} s"
+            f"{self.shards} / {plural(total_shards, 'shard')}, "
+            f"{human_bytes(self.bytes / elapsed)}/s, {self.records / elapsed:,.0f} records/s, "
+            f"{elapsed:.1f} s"
         )
 
     def _draw(self, now: float, *, final: bool) -> None:
@@ -616,9 +621,12 @@ def _verify(ctx: Context) -> None:
         print(f"problem: {problem}", file=ctx.stdout)
     records = sum(shard.records for shard in shards)
     size = sum(shard.size_bytes for shard in shards)
-    summary = f"{len(shards)} shards, {records:,} records, {size:,} bytes ({checked} checked)"
+    summary = (
+        f"{plural(len(shards), 'shard')}, {plural(records, 'record')}, {size:,} bytes "
+        f"({checked} checked)"
+    )
     if problems:
-        print(f"FAILED: {len(problems)} problem(s) in {summary}", file=ctx.stdout)
+        print(f"FAILED: {plural(len(problems), 'problem')} in {summary}", file=ctx.stdout)
         raise CommandFailed
     print(f"OK: {summary}", file=ctx.stdout)
 
@@ -780,7 +788,7 @@ def _cp(ctx: Context) -> None:
     rewritten = _rewrite(manifest, copies)
     _publish_manifest(ctx, destination, canonical_manifest_bytes(rewritten))
     print(
-        f"copied {source} -> {destination} with {len(shards)} shards "
+        f"copied {source} -> {destination} with {plural(len(shards), 'shard')} "
         f"({progress.bytes:,} bytes, {progress.records:,} records verified)",
         file=ctx.stdout,
     )
