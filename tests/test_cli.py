@@ -380,6 +380,25 @@ def test_cp_with_shards_stops_at_a_bad_source_and_writes_no_manifest(tmp_path):
     assert not (tmp_path / "copy" / "data-manifest.json").exists()
 
 
+def test_cp_with_shards_refuses_two_shards_with_one_destination(tmp_path):
+    external = f"file://{tmp_path}/elsewhere/part.jsonl.gz"
+    inside = f"file://{tmp_path}/src/shards/external/file{tmp_path}/elsewhere/part.jsonl.gz"
+    shards = [{"uri": uri, "records": 1, "size_bytes": 10} for uri in (external, inside)]
+    manifest_uri = f"file://{tmp_path}/src/data-manifest.json"
+    SyvainTrainingData().save_manifest(
+        manifest_uri,
+        {
+            "version": 1,
+            "data_format": "jsonl.gz",
+            "splits": {"a": {"records": 2, "shards": shards}},
+        },
+    )
+    result = run("cp", "--with-shards", manifest_uri, f"file://{tmp_path}/dst/")
+    assert result.code == 1
+    assert "would be copied to the same destination URI" in result.err
+    assert not (tmp_path / "dst").exists()
+
+
 def test_copy_layout_keeps_relative_paths_and_files_external_shards():
     source, destination = "s3://a/data/v1/manifest.json", "file:///backup/v1/manifest.json"
     assert (

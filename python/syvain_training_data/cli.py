@@ -749,7 +749,7 @@ def _cp(ctx: Context) -> None:
     _require_credentials(ctx, *(shard.uri for shard in shards))
     targets = {shard.uri: copy_layout(source, destination, shard.uri) for shard in shards}
     if len(set(targets.values())) != len(targets) or destination in targets.values():
-        raise UsageError(f"two objects of {source} would be copied to the same destination URI")
+        raise RuntimeError(f"two objects of {source} would be copied to the same destination URI")
     progress = Progress(
         ctx.stderr,
         label="cp",
