@@ -59,9 +59,14 @@ done
 
 echo "== maturin build --release --zig --compatibility manylinux2014"
 rm -rf "$DIST"
-PATH="$TOOLS/bin:$PATH" CARGO_TARGET_DIR="$WORK/cargo" \
-  "$TOOLS/bin/maturin" build --release --zig --compatibility manylinux2014 --out "$DIST" 2>&1 |
-  grep -v "^ *Compiling " || true
+if ! PATH="$TOOLS/bin:$PATH" CARGO_TARGET_DIR="$WORK/cargo" \
+  "$TOOLS/bin/maturin" build --release --zig --compatibility manylinux2014 --out "$DIST" \
+  >"$WORK/build.log" 2>&1; then
+  cat "$WORK/build.log" >&2
+  echo "error: the wheel build failed" >&2
+  exit 1
+fi
+grep -v "^ *Compiling " "$WORK/build.log" || true
 shopt -s nullglob
 wheels=("$DIST"/*.whl)
 if [ "${#wheels[@]}" -ne 1 ]; then
