@@ -1,5 +1,7 @@
 """syvain-training-data: publish datasets to object stores and stream them into PyTorch."""
 
+from typing import TYPE_CHECKING
+
 from syvain_training_data.client import SyvainTrainingData
 from syvain_training_data.errors import (
     ObjectChangedError,
@@ -18,6 +20,10 @@ from syvain_training_data.manifest import (
 from syvain_training_data.saver import DatasetSaver
 from syvain_training_data.shard import iter_shard
 from syvain_training_data.storage import StorageConfig
+
+if TYPE_CHECKING:
+    # Imported lazily at run time (``__getattr__`` below); type checkers see the real class.
+    from syvain_training_data.loader import SplitDataLoader
 
 __all__ = [
     "DataManifest",

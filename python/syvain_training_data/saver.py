@@ -67,7 +67,7 @@ import tempfile
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, Any, Final, cast
@@ -95,7 +95,7 @@ from syvain_training_data.storage import (
     put_object,
 )
 
-__all__ = ["DESCRIPTOR_SCHEMA", "DatasetSaver", "descriptor_bytes", "encode_segment"]
+__all__ = ["DESCRIPTOR_SCHEMA", "DatasetSaver", "copy_shard", "descriptor_bytes", "encode_segment"]
 
 logger = logging.getLogger(__name__)
 
@@ -547,48 +547,10 @@ class DatasetSaver:
     def _upload(
         self, uri: str, spool: _Spool, records: int, *, deterministic: bool
     ) -> ManifestShard:
-        content_type, attributes = OBJECT_ATTRIBUTES[self.data_format]
-        client = native_storage(self.storage_config)
-        try:
-            if spool.path is not None:
-                size, etag = _native.put_file(
-                    client,
-                    uri,
-                    spool.path,
-                    content_type=content_type,
-                    metadata=attributes,
-                    create_only=deterministic,
-                    single_put_max=_limits.deterministic_single_put_bytes,
-                    multipart_threshold=_limits.multipart_threshold,
-                    part_size=_limits.part_size,
-                )
-            else:
-                size, etag = _native.put_chunks(
-                    client,
-                    uri,
-                    spool.chunks,
-                    content_type=content_type,
-                    metadata=attributes,
-                    create_only=deterministic,
-                )
-        except FileExistsError:
-            etag = self._check_existing_bytes(uri, spool.size, spool.sha256())
-            size = spool.size
-            logger.info("Reusing the identical existing shard %s", uri)
+        size, etag = _upload_spool(
+            uri, spool, self.data_format, self.storage_config, create_only=deterministic
+        )
         return ManifestShard(uri=uri, records=records, size_bytes=size, etag=etag)
-
-    def _check_existing_bytes(self, uri: str, size: int, sha256: str) -> str:
-        """The etag of an existing object that holds exactly our bytes; else a conflict."""
-        info = head_object(uri, storage_config=self.storage_config)
-        if (
-            info.size != size
-            or _stream_sha256(uri, info.size, info.etag, self.storage_config) != sha256
-        ):
-            raise PublicationConflictError(
-                f"Shard {uri} already exists with different bytes ({info.size} bytes; this save "
-                f"encoded {size}): another job wrote this shard ID"
-            )
-        return info.etag
 
     def _create_descriptor(self, uri: str, data: bytes) -> None:
         try:
@@ -1061,6 +1023,100 @@ def _stage_metadata(stage: str, values: list[str | None]) -> dict[str, Any]:
     if len(set(present)) > 1:
         raise ValueError(f"Inconsistent curriculum metadata for stage {stage!r}")
     return cast(dict[str, Any], json.loads(present[0]))
+
+
+def _upload_spool(
+    uri: str,
+    spool: _Spool,
+    data_format: str,
+    storage_config: StorageConfig,
+    *,
+    create_only: bool,
+) -> tuple[int, str]:
+    """Uploads sealed spooled bytes with the format's object attributes; returns (size, etag).
+
+    In memory: one PUT from the chunks; in a file: the native ``put_file`` (one PUT, or a
+    streamed multipart upload). A create-only upload that finds an object holding exactly these
+    bytes reuses it; other bytes are a PublicationConflictError.
+    """
+    content_type, attributes = OBJECT_ATTRIBUTES[data_format]
+    client = native_storage(storage_config)
+    try:
+        if spool.path is not None:
+            return _native.put_file(
+                client,
+                uri,
+                spool.path,
+                content_type=content_type,
+                metadata=attributes,
+                create_only=create_only,
+                single_put_max=_limits.deterministic_single_put_bytes,
+                multipart_threshold=_limits.multipart_threshold,
+                part_size=_limits.part_size,
+            )
+        return _native.put_chunks(
+            client,
+            uri,
+            spool.chunks,
+            content_type=content_type,
+            metadata=attributes,
+            create_only=create_only,
+        )
+    except FileExistsError:
+        etag = _check_existing_bytes(uri, spool.size, spool.sha256(), storage_config)
+        logger.info("Reusing the identical existing object %s", uri)
+        return spool.size, etag
+
+
+def _check_existing_bytes(uri: str, size: int, sha256: str, storage_config: StorageConfig) -> str:
+    """The etag of an existing object that holds exactly our bytes; else a conflict."""
+    info = head_object(uri, storage_config=storage_config)
+    if info.size != size or _stream_sha256(uri, info.size, info.etag, storage_config) != sha256:
+        raise PublicationConflictError(
+            f"Shard {uri} already exists with different bytes ({info.size} bytes; this write "
+            f"has {size}): another job wrote it"
+        )
+    return info.etag
+
+
+def copy_shard(
+    shard: ManifestShard,
+    destination_uri: str,
+    *,
+    data_format: DataManifestDataFormat,
+    storage_config: StorageConfig | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+) -> ManifestShard:
+    """Copies one shard's bytes to ``destination_uri`` and returns it described there (the
+    source's ``records``, the destination's size and etag).
+
+    The source is streamed (size and etag checked, resumed after transient failures) into the
+    saver's spool: memory up to 64 MiB, then a temporary file, so memory stays bounded whatever
+    the shard's size. The destination is written create-only with the format's object
+    attributes; an existing object with identical bytes is reused (a re-run copy is
+    idempotent). ``on_bytes`` is called with the size of every chunk received.
+
+    Raises:
+        PublicationConflictError: the destination holds other bytes.
+        RuntimeError: the source's size disagrees with ``shard.size_bytes``.
+        FileNotFoundError, PermissionError, ObjectChangedError, StorageRetryExhaustedError:
+            from the store.
+    """
+    config = storage_config or StorageConfig()
+    spool = _Spool(_limits.spill_bytes)
+    try:
+        with open_stream(
+            shard.uri, size_bytes=shard.size_bytes, etag=shard.etag or None, storage_config=config
+        ) as stream:
+            for chunk in stream:
+                spool.write(chunk)
+                if on_bytes is not None:
+                    on_bytes(len(chunk))
+        spool.seal()
+        size, etag = _upload_spool(destination_uri, spool, data_format, config, create_only=True)
+    finally:
+        spool.close()
+    return ManifestShard(uri=destination_uri, records=shard.records, size_bytes=size, etag=etag)
 
 
 def _stream_sha256(uri: str, size: int, etag: str, storage_config: StorageConfig) -> str:

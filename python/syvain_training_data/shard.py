@@ -6,7 +6,7 @@ into Python in batches); Parquet goes through pyarrow (the ``parquet`` extra).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Mapping
 from typing import Any
 
 from syvain_training_data.manifest import DATA_FORMATS, DataManifestDataFormat, ManifestShard
@@ -23,8 +23,11 @@ def iter_shard(
     shard: ManifestShard,
     *,
     storage_config: StorageConfig | None = None,
-) -> Iterator[Mapping[str, Any]]:
+) -> Generator[Mapping[str, Any]]:
     """Yields the records of ``shard`` in order, never more than ``shard.records``.
+
+    The generator's ``close()`` (or leaving it to the garbage collector) stops the stream of a
+    shard that is not read to its end.
 
     The bytes received are checked against ``shard.size_bytes`` and, at the end, the number of
     records against ``shard.records``. Errors: RuntimeError "Unreadable {format} shard {uri}:
