@@ -5,9 +5,14 @@ from SeaweedFS; then, when they are importable, the same records through mosaicm
 (MDS) and litdata StreamingDataset from local disk with 2 workers. Prints one JSON line per case
 and a summary with the ratios (2 workers / 0 workers; ours / each peer). Best of --repeat epochs.
 
+Each line also gives the CPU seconds the epoch cost in the main process and in the worker
+processes: with workers, torch's DataLoader pickles every batch in a worker and unpickles it in
+the main process, which is where a 2-core machine loses the gain of a second worker.
+
 Run: .venv/bin/python benchmarks/loader.py  (build with `maturin develop --release` first)
-Peers: pass --peer-python PATH to a Python that has `streaming` / `litdata` installed (they are
-measured in a subprocess of this script).
+Peers: pass --peer-python PATH to a Python that has `streaming` and `litdata` installed; they
+are measured in a subprocess of this script. `scripts/peer_env.sh DIR` makes one (litdata is
+pinned to 0.2.60: the zstd chunks 0.2.76 writes fail its own reader, "missing LDFZ01 magic").
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import resource
 import subprocess
 import sys
 import tempfile
@@ -52,16 +58,33 @@ def publish(client: SyvainTrainingData, manifest_uri: str, shards: list[list[dic
     saver.commit_manifest()
 
 
-def epoch_rate(client: SyvainTrainingData, uri: str, workers: int, repeat: int) -> float:
+def cpu_seconds(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def epoch_rate(
+    client: SyvainTrainingData, uri: str, workers: int, repeat: int
+) -> tuple[float, float, float]:
+    """Best records/s over ``repeat`` epochs, with that epoch's main-process and worker CPU
+    seconds."""
     args: dict[str, Any] = {"batch_size": BATCH, "num_workers": workers}
     if workers:
         args["multiprocessing_context"] = "fork"
     loader = client.split_data_loader(uri, collate, args).load("train")
-    best = 0.0
+    best = (0.0, 0.0, 0.0)
     for _ in range(repeat):
+        main_cpu = cpu_seconds(resource.RUSAGE_SELF)
+        workers_cpu = cpu_seconds(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         records = sum(len(batch) for batch in loader)
-        best = max(best, records / (time.perf_counter() - start))
+        rate = records / (time.perf_counter() - start)
+        if rate > best[0]:
+            best = (
+                rate,
+                cpu_seconds(resource.RUSAGE_SELF) - main_cpu,
+                cpu_seconds(resource.RUSAGE_CHILDREN) - workers_cpu,
+            )
     return best
 
 
@@ -151,7 +174,7 @@ def peer_rate(python: str, kind: str, shards: list[list[dict]], repeat: int) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--records-per-shard", type=int, default=2000)
+    parser.add_argument("--records-per-shard", type=int, default=8000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--peer-python", default=None)
     options = parser.parse_args()
@@ -171,10 +194,19 @@ def main() -> None:
         ):
             publish(client, uri, shards)
             for workers in (0, 2):
-                rate = epoch_rate(client, uri, workers, options.repeat)
+                rate, main_cpu, workers_cpu = epoch_rate(client, uri, workers, options.repeat)
                 rates[f"{store}_{workers}w"] = rate
                 print(
-                    json.dumps({"store": store, "workers": workers, "records_per_s": round(rate)})
+                    json.dumps(
+                        {
+                            "store": store,
+                            "workers": workers,
+                            "records_per_s": round(rate),
+                            "main_cpu_s": round(main_cpu, 2),
+                            "workers_cpu_s": round(workers_cpu, 2),
+                        }
+                    ),
+                    flush=True,
                 )
     if options.peer_python:
         for kind in ("mds", "litdata"):
