@@ -4,6 +4,8 @@ measured in the same run. Prints one JSON line per case.
 
     .venv/bin/maturin develop --release && .venv/bin/python benchmarks/saver.py [--records N]
 
+Cases: one process saving shard after shard; two processes; one process saving from two threads
+(`save` is thread-safe, and a second thread encodes the next shard while the first uploads).
 Targets (issue 4): one process >= 0.7 of the encode floor; two processes >= 1.6 x one.
 """
 
@@ -17,6 +19,7 @@ import sys
 import time
 import uuid
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -76,24 +79,32 @@ def encode_floor(data_format: str, records: list[dict]) -> float:
 
 
 def save_shards(
-    saver: DatasetSaver, records: list[dict], shard_ids: list[int], per_shard: int
+    saver: DatasetSaver, records: list[dict], shard_ids: list[int], per_shard: int, threads: int
 ) -> None:
-    for index in shard_ids:
+    def save(index: int) -> None:
         rows = records[index * per_shard : (index + 1) * per_shard]
         saver.save("train", None, rows, shard_id=f"part-{index:05d}")
 
+    if threads == 1:
+        for index in shard_ids:
+            save(index)
+        return
+    # Threads overlap one shard's upload (GIL released) with the next one's encoding.
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(save, shard_ids))
 
-def run_case(saver: DatasetSaver, records: list[dict], processes: int) -> float:
+
+def run_case(saver: DatasetSaver, records: list[dict], processes: int, threads: int) -> float:
     per_shard = len(records) // SHARDS
     started = time.perf_counter()
     if processes == 1:
-        save_shards(saver, records, list(range(SHARDS)), per_shard)
+        save_shards(saver, records, list(range(SHARDS)), per_shard, threads)
     else:
         context = multiprocessing.get_context("fork")  # the records are shared, not pickled
         workers = [
             context.Process(
                 target=save_shards,
-                args=(saver, records, list(range(w, SHARDS, processes)), per_shard),
+                args=(saver, records, list(range(w, SHARDS, processes)), per_shard, threads),
             )
             for w in range(processes)
         ]
@@ -130,19 +141,20 @@ def main() -> None:
                     continue
             floor = encode_floor(data_format, records)
             one = None
-            for processes in (1, 2):
+            for processes, threads in ((1, 1), (2, 1), (1, 2)):
                 saver = DatasetSaver(
                     f"s3://bench/{uuid.uuid4().hex}/data-manifest.json",
                     data_format=data_format,  # type: ignore[arg-type]
                     storage_config=config,
                 )
-                rate = run_case(saver, records, processes)
+                rate = run_case(saver, records, processes, threads)
                 one = one or rate
                 print(
                     json.dumps(
                         {
                             "format": data_format,
                             "processes": processes,
+                            "threads_per_process": threads,
                             "records": len(records),
                             "records_per_s": round(rate),
                             "encode_floor_records_per_s": round(floor),

@@ -365,6 +365,31 @@ def test_workers_shards_are_found_from_the_store(store_root) -> None:
     assert stale_random.uri not in uris
 
 
+def test_saving_from_threads(store_root) -> None:
+    """One saver shared by threads: every shard, deterministic or not, is published once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    root, config = store_root
+    saver = make_saver(root, config)
+
+    def save(part: int) -> ManifestShard:
+        stage = "hard" if part % 2 else "easy"
+        shard_id = f"part-{part}" if part < 6 else None
+        return saver.save("train", stage, records(50, 50 * part), shard_id=shard_id)
+
+    with ThreadPoolExecutor(4) as pool:
+        shards = list(pool.map(save, range(8)))
+    manifest = saver.commit_manifest()
+    train = manifest.splits["train"]
+    assert sorted(s.uri for s in train.shards) == sorted(s.uri for s in shards)
+    assert {name: stage.records for name, stage in train.curriculum.items()} == {
+        "easy": 200,
+        "hard": 200,
+    }
+    ids = sorted(r["id"] for shard in train.shards for r in read_back(saver, shard))
+    assert ids == list(range(400))
+
+
 def test_expected_shards(store_root) -> None:
     root, config = store_root
     saver = make_saver(root, config)
