@@ -1,11 +1,8 @@
 //! Python record -> one JSON line, byte for byte what
 //! `json.dumps(record, separators=(",", ":"), ensure_ascii=True, allow_nan=True)` writes.
 
-use std::ffi::{c_char, CStr};
 use std::io::Write as _;
-use std::ptr::null_mut;
 
-use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyInt, PyList};
 
@@ -47,7 +44,7 @@ fn write_value(
         PyValue::None => out.extend_from_slice(b"null"),
         PyValue::Bool(b) => out.extend_from_slice(if b { b"true" } else { b"false" }),
         PyValue::Int(i) => write_int(i, out)?,
-        PyValue::Float(f) => write_float(obj.py(), f, out)?,
+        PyValue::Float(f) => write_float(f, out),
         PyValue::Str(s) => write_str(str_of(s)?, out),
         PyValue::Map => {
             enter(depth)?;
@@ -110,7 +107,7 @@ fn write_key(key: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> NativeResult<()> {
         PyValue::Str(s) => write_str(str_of(s)?, out),
         PyValue::Float(f) => {
             let mut text = Vec::new();
-            write_float(key.py(), f, &mut text)?;
+            write_float(f, &mut text);
             quoted(out, &text);
         }
         PyValue::Bool(b) => quoted(out, if b { b"true" } else { b"false" }),
@@ -157,48 +154,115 @@ fn write_int(i: &Bound<'_, PyInt>, out: &mut Vec<u8>) -> NativeResult<()> {
 }
 
 /// The decimal digits of `v`.
-fn write_digits(mut v: u64, out: &mut Vec<u8>) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
+fn write_digits(v: u64, out: &mut Vec<u8>) {
+    out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
 }
 
 /// `float.__repr__`, with `json`'s NaN / Infinity / -Infinity for the non-finite values.
-pub fn write_float(py: Python<'_>, f: f64, out: &mut Vec<u8>) -> PyResult<()> {
+pub fn write_float(f: f64, out: &mut Vec<u8>) {
     if f.is_nan() {
         out.extend_from_slice(b"NaN");
     } else if f.is_infinite() {
         out.extend_from_slice(if f > 0.0 { b"Infinity" } else { b"-Infinity" });
     } else {
-        write_float_repr(py, f, out)?;
+        write_float_repr(f, out);
     }
-    Ok(())
 }
 
-/// Python's own `repr(float)` (what `float_repr` calls): among the shortest round-tripping
-/// digit strings there can be two, and Python breaks that tie to even, which Rust's
-/// formatting does not.
-fn write_float_repr(py: Python<'_>, f: f64, out: &mut Vec<u8>) -> PyResult<()> {
-    // SAFETY: the GIL is held (`py`), as PyMem needs; on success the result is a
-    // NUL-terminated buffer we own and free with PyMem_Free.
-    unsafe {
-        let text =
-            ffi::PyOS_double_to_string(f, b'r' as c_char, 0, ffi::Py_DTSF_ADD_DOT_0, null_mut());
-        if text.is_null() {
-            return Err(PyErr::fetch(py));
+/// Python's `repr(float)` of a finite value. Ryu finds the same digits Python's dtoa (mode 0)
+/// does: the shortest string that reads back as `f`, the closest one to `f` when several are
+/// that short, an exact tie broken to even. Only the layout differs, so the digits are taken
+/// from Ryu's text and laid out as Python does: positional when the decimal point falls
+/// between 4 places left of the first digit and 16 right of it (with ".0" for an integral
+/// value), otherwise `d.ddde+XX` with at least two exponent digits.
+fn write_float_repr(f: f64, out: &mut Vec<u8>) {
+    let mut buffer = ryu::Buffer::new();
+    let text = buffer.format_finite(f).as_bytes();
+    let (negative, text) = match text.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, text),
+    };
+    let (mantissa, exponent) = match text.iter().position(|&b| b == b'e') {
+        Some(at) => (&text[..at], parse_exponent(&text[at + 1..])),
+        None => (text, 0),
+    };
+    // value = 0.DIGITS x 10^point, DIGITS without leading or trailing zeros.
+    let mut digits = [0u8; 40];
+    let mut count = 0;
+    let mut point = exponent;
+    let mut seen_point = false;
+    for &b in mantissa {
+        if b == b'.' {
+            seen_point = true;
+            continue;
         }
-        out.extend_from_slice(CStr::from_ptr(text).to_bytes());
-        ffi::PyMem_Free(text.cast());
+        if count == 0 && b == b'0' {
+            if seen_point {
+                point -= 1;
+            }
+            continue;
+        }
+        if count < digits.len() {
+            digits[count] = b;
+            count += 1;
+        }
+        if !seen_point {
+            point += 1;
+        }
     }
-    Ok(())
+    while count > 0 && digits[count - 1] == b'0' {
+        count -= 1;
+    }
+    if negative {
+        out.push(b'-');
+    }
+    let digits = &digits[..count];
+    if digits.is_empty() {
+        out.extend_from_slice(b"0.0");
+        return;
+    }
+    let point = point as i64;
+    let len = digits.len() as i64;
+    if point > -4 && point <= 16 {
+        if point <= 0 {
+            out.extend_from_slice(b"0.");
+            out.extend(std::iter::repeat_n(b'0', (-point) as usize));
+            out.extend_from_slice(digits);
+        } else if point >= len {
+            out.extend_from_slice(digits);
+            out.extend(std::iter::repeat_n(b'0', (point - len) as usize));
+            out.extend_from_slice(b".0");
+        } else {
+            out.extend_from_slice(&digits[..point as usize]);
+            out.push(b'.');
+            out.extend_from_slice(&digits[point as usize..]);
+        }
+    } else {
+        out.push(digits[0]);
+        if digits.len() > 1 {
+            out.push(b'.');
+            out.extend_from_slice(&digits[1..]);
+        }
+        let shown = point - 1;
+        out.extend_from_slice(if shown < 0 { b"e-" } else { b"e+" });
+        let magnitude = shown.unsigned_abs();
+        if magnitude < 10 {
+            out.push(b'0');
+        }
+        write_digits(magnitude, out);
+    }
+}
+
+/// The exponent Ryu wrote after its "e" (an optional "-" and digits).
+fn parse_exponent(text: &[u8]) -> i32 {
+    let (sign, digits) = match text.split_first() {
+        Some((b'-', rest)) => (-1, rest),
+        _ => (1, text),
+    };
+    let magnitude = digits
+        .iter()
+        .fold(0i32, |acc, &b| acc * 10 + i32::from(b.wrapping_sub(b'0')));
+    sign * magnitude
 }
 
 /// A JSON string with everything outside printable ASCII escaped (`ensure_ascii=True`).
@@ -246,11 +310,11 @@ fn escape_unit(unit: u32, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pyo3::ffi;
 
     fn repr(f: f64) -> String {
-        pyo3::prepare_freethreaded_python();
         let mut out = Vec::new();
-        Python::with_gil(|py| write_float(py, f, &mut out)).unwrap();
+        write_float(f, &mut out);
         String::from_utf8(out).unwrap()
     }
 
@@ -286,6 +350,52 @@ mod tests {
         for (value, expected) in cases {
             assert_eq!(repr(value), expected, "{value:e}");
         }
+    }
+
+    /// Python's own `repr(float)`, through the function `float_repr` calls.
+    fn python_repr(_gil: Python<'_>, f: f64) -> String {
+        // SAFETY: the GIL is held (`_gil`); the result is a NUL-terminated buffer we free with PyMem.
+        unsafe {
+            let text = ffi::PyOS_double_to_string(
+                f,
+                b'r' as std::ffi::c_char,
+                0,
+                ffi::Py_DTSF_ADD_DOT_0,
+                std::ptr::null_mut(),
+            );
+            assert!(!text.is_null());
+            let repr = std::ffi::CStr::from_ptr(text).to_str().unwrap().to_owned();
+            ffi::PyMem_Free(text.cast());
+            repr
+        }
+    }
+
+    #[test]
+    fn floats_match_python_repr_at_random() {
+        pyo3::prepare_freethreaded_python();
+        // A fixed xorshift stream: random bit patterns (every exponent) and decimal-looking
+        // values near every power of ten.
+        let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        Python::with_gil(|py| {
+            for round in 0..400_000 {
+                let bits = next();
+                let f = if round % 2 == 0 {
+                    f64::from_bits(bits)
+                } else {
+                    let scale = 10f64.powi((bits % 640) as i32 - 320);
+                    (bits >> 11) as f64 / (1u64 << 53) as f64 * scale
+                };
+                if f.is_finite() {
+                    assert_eq!(repr(f), python_repr(py, f), "{:#x}", f.to_bits());
+                }
+            }
+        });
     }
 
     #[test]
