@@ -8,6 +8,7 @@ import datetime
 import decimal
 import hashlib
 import io
+import os
 import random
 import sys
 import tempfile
@@ -345,20 +346,23 @@ def test_changed_object_fails_closed(seaweed, s3_bucket, unique_prefix):
         list(iter_shard("parquet", stale, storage_config=config))
 
 
-def test_temporary_file_removed_after_read_early_close_and_error(tmp_path, temp_dir):
+def test_temporary_file_removed_after_read_early_close_and_error(store, temp_dir):
+    root, config = store
     records = text_records(3000)
-    shard = local_shard(tmp_path, encode(records), len(records))
+    shard = publish(f"{root}/t.parquet", encode(records), config, len(records))
+    # An s3:// shard is downloaded to one temporary file; a file:// shard is read in place.
+    copies = 1 if root.startswith("s3://") else 0
 
-    assert list(iter_parquet_shard(shard)) == records
+    assert list(iter_parquet_shard(shard, storage_config=config)) == records
     assert list(temp_dir.iterdir()) == []
 
-    rows = iter_parquet_shard(shard)
+    rows = iter_parquet_shard(shard, storage_config=config)
     assert next(rows) == records[0]
-    assert len(list(temp_dir.iterdir())) == 1  # the downloaded copy, while reading
+    assert len(list(temp_dir.iterdir())) == copies
     rows.close()
     assert list(temp_dir.iterdir()) == []
 
-    rows = iter_parquet_shard(shard)
+    rows = iter_parquet_shard(shard, storage_config=config)
     next(rows)
     with pytest.raises(KeyError):
         rows.throw(KeyError("consumer failed"))
@@ -366,8 +370,31 @@ def test_temporary_file_removed_after_read_early_close_and_error(tmp_path, temp_
 
     wrong = shard.model_copy(update={"records": 10})
     with pytest.raises(RuntimeError, match="found more"):
-        list(iter_parquet_shard(wrong))
+        list(iter_parquet_shard(wrong, storage_config=config))
     assert list(temp_dir.iterdir()) == []
+
+
+def test_local_shard_read_in_place_is_checked_before_and_after(tmp_path):
+    records = text_records(3000)
+    data = encode(records)
+    shard = local_shard(tmp_path, data, len(records))
+    path = Path(shard.uri[len("file://") :])
+
+    short = shard.model_copy(update={"size_bytes": len(data) + 1})
+    with pytest.raises(RuntimeError, match=r"Unreadable parquet shard .*size mismatch"):
+        next(iter_parquet_shard(short))
+    stale = shard.model_copy(update={"etag": "not-the-etag"})
+    with pytest.raises(ObjectChangedError, match="s.parquet"):
+        next(iter_parquet_shard(stale))
+
+    # The file is rewritten (same size, new mtime) while its rows are read: fails closed.
+    rows = iter_parquet_shard(shard)
+    assert next(rows) == records[0]
+    time.sleep(0.01)
+    path.write_bytes(data)
+    os.utime(path, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    with pytest.raises(ObjectChangedError, match="s.parquet"):
+        list(rows)
 
 
 def test_rows_are_fresh_dicts_with_shared_keys(tmp_path):

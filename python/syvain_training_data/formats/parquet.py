@@ -17,12 +17,13 @@ Writer (:func:`write_parquet_shard`)
     version).
 
 Reader (:func:`iter_parquet_shard`)
-    The object is streamed (size-checked, resumable, etag-pinned) into a temporary file (in
+    An s3:// object is streamed (size-checked, resumable, etag-pinned) into a temporary file (in
     ``TMPDIR``), removed however the iteration ends (exhausted, closed early, or failed):
-    Parquet needs its footer before any row. pyarrow then decodes batches of about 1 MiB of
-    column data (1 Ki to 64 Ki rows) in a helper thread, at most two ahead, while the reading
-    thread turns the current one into rows 1024 at a time; the rows are built in Rust from the
-    Arrow buffers (``_native.rows_from_arrow``) with exactly the values
+    Parquet needs its footer before any row. A file:// shard is read in place: its size and etag
+    are checked before the first row and again after the last. pyarrow then decodes batches of
+    about 1 MiB of column data (1 Ki to 64 Ki rows) in a helper thread, at most two ahead, while
+    the reading thread turns the current one into rows 1024 at a time; the rows are built in
+    Rust from the Arrow buffers (``_native.rows_from_arrow``) with exactly the values
     ``pyarrow.Table.to_pylist`` gives, in file order, never more than the manifest's
     ``records``. Memory stays bounded by a few decoded batches plus pyarrow's buffers for one
     row group.
@@ -42,6 +43,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Final
 
 from syvain_training_data import _native, storage
+from syvain_training_data.errors import ObjectChangedError
 from syvain_training_data.manifest import ManifestShard
 from syvain_training_data.storage import StorageConfig
 
@@ -416,7 +418,11 @@ def iter_parquet_shard(
         ModuleNotFoundError: pyarrow is not installed (the ``parquet`` extra).
     """
     _, pq = _pyarrow()
-    path = _download(shard, storage_config)
+    local_etag = _check_local(shard, storage_config)
+    if local_etag is not None:
+        path = shard.uri[len("file://") :]
+    else:
+        path = _download(shard, storage_config)
     try:
         yielded = 0
         batches = _row_batches(pq, path, shard.uri)
@@ -430,15 +436,41 @@ def iter_parquet_shard(
                 yield from rows
         finally:
             batches.close()
+        if local_etag is not None:
+            _check_local(shard, storage_config, local_etag)
         if yielded != shard.records:
             raise _unreadable(shard.uri, f"declared {shard.records} records but yielded {yielded}")
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        if local_etag is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
 
 def _unreadable(uri: str, reason: object) -> RuntimeError:
     return RuntimeError(f"Unreadable parquet shard {uri}: {reason}")
+
+
+def _check_local(
+    shard: ManifestShard, storage_config: StorageConfig | None, etag: str | None = None
+) -> str | None:
+    """For a file:// shard, which is read in place rather than copied: checks its size and
+    etag (the manifest's, or ``etag`` seen when the read began) and returns the etag; None for
+    an s3:// shard. The check is repeated after the last row, so a file changed while it was
+    read fails closed like a changed object in the store."""
+    if not shard.uri.startswith("file://"):
+        return None
+    info = storage.head_object(shard.uri, storage_config=storage_config)
+    if info.size != shard.size_bytes:
+        raise _unreadable(
+            shard.uri,
+            f"size mismatch: the object has {info.size} bytes but size_bytes is {shard.size_bytes}",
+        )
+    expected = etag if etag is not None else (shard.etag or info.etag)
+    if info.etag != expected:
+        raise ObjectChangedError(
+            f"Object changed while reading {shard.uri} (etag {expected!r} no longer matches)"
+        )
+    return info.etag
 
 
 def _download(shard: ManifestShard, storage_config: StorageConfig | None) -> str:
