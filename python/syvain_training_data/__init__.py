@@ -29,17 +29,24 @@ __all__ = [
     "ManifestShard",
     "ObjectChangedError",
     "PublicationConflictError",
+    "RepresentationExample",
+    "RepresentationIntegrityError",
     "SplitDataLoader",
     "StorageConfig",
     "StorageRetryExhaustedError",
     "SyvainTrainingData",
 ]
 
-_LAZY = {"SplitDataLoader": "syvain_training_data.loader"}
+_LAZY = {
+    "SplitDataLoader": "syvain_training_data.loader",
+    "RepresentationExample": "syvain_training_data.representation",
+    "RepresentationIntegrityError": "syvain_training_data.errors",
+}
 
 
 def __getattr__(name: str) -> object:
-    # Optional-extra names (torch) are imported on first use, so the base install stays light.
+    # Optional-extra names (torch, the representation extra) are imported on first use, so the
+    # base install stays light.
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,8 +3,8 @@
 //! Messages name the object (URI) and what is wrong; they never contain a credential.
 
 use pyo3::exceptions::{
-    PyFileExistsError, PyFileNotFoundError, PyKeyboardInterrupt, PyPermissionError, PyRuntimeError,
-    PyValueError,
+    PyFileExistsError, PyFileNotFoundError, PyKeyboardInterrupt, PyOSError, PyPermissionError,
+    PyRuntimeError, PyValueError,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyType;
@@ -65,6 +65,9 @@ pub enum NativeError {
         uri: String,
         reason: String,
     },
+    /// A local file could not be created, written or read (OSError).
+    #[error("{0}")]
+    Io(String),
     /// A record handed to an encoder cannot be written (ValueError, nothing written).
     #[error("{0}")]
     Encode(String),
@@ -92,6 +95,7 @@ impl From<NativeError> for PyErr {
             NativeError::InvalidData(_)
             | NativeError::Storage { .. }
             | NativeError::Shard { .. } => PyRuntimeError::new_err(message),
+            NativeError::Io(_) => PyOSError::new_err(message),
             NativeError::Interrupted => PyKeyboardInterrupt::new_err("interrupted"),
             NativeError::Python(e) => e,
         }
