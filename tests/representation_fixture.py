@@ -120,16 +120,21 @@ class Task:
     qkv_tensors: dict[str, np.ndarray]
     #: (block_id, layer, state_kind) -> (32, 256) float16 projections in position order.
     truth: dict[tuple[str, int, str], np.ndarray] = field(repr=False)
+    #: File and folder names, changeable by tests (the task id comes from them).
+    prepared_file: str = ""
+    representation_folder: str = ""
+    representation_file: str = "representations.safetensors"
 
     @property
     def prepared_uri(self) -> str:
-        return f"{self.prefix}final/prepared/{self.split}/{self.source}/{self.name}.safetensors"
+        name = self.prepared_file or f"{self.name}.safetensors"
+        return f"{self.prefix}final/prepared/{self.split}/{self.source}/{name}"
 
     @property
     def representation_uri(self) -> str:
         return (
-            f"{self.prefix}final/representations/{self.split}/{self.source}/{self.name}/"
-            "representations.safetensors"
+            f"{self.prefix}final/representations/{self.split}/{self.source}/"
+            f"{self.representation_folder or self.name}/{self.representation_file}"
         )
 
     @property
@@ -189,9 +194,7 @@ class PublicationBuilder:
         self.rng = np.random.default_rng(seed)
         self.tasks: list[Task] = []
         for split in SPLITS:
-            count = (
-                blocks_per_task if isinstance(blocks_per_task, int) else blocks_per_task[split]
-            )
+            count = blocks_per_task if isinstance(blocks_per_task, int) else blocks_per_task[split]
             for source in sources:
                 for number in range(tasks_per_source):
                     name = f"{source}-{split}-task-{number:04d}"
@@ -337,12 +340,22 @@ class PublicationBuilder:
         pairs = []
         for task in self.tasks:
             pairs.append(
-                (task, "prepared_blocks", task.prepared_uri, task.prepared_tensors,
-                 task.prepared_rows)
+                (
+                    task,
+                    "prepared_blocks",
+                    task.prepared_uri,
+                    task.prepared_tensors,
+                    task.prepared_rows,
+                )
             )
             pairs.append(
-                (task, "representations", task.representation_uri, task.representation_tensors,
-                 task.representation_rows)
+                (
+                    task,
+                    "representations",
+                    task.representation_uri,
+                    task.representation_tensors,
+                    task.representation_rows,
+                )
             )
             pairs.append((task, "qkv_relations", task.qkv_uri, task.qkv_tensors, task.qkv_rows))
         return pairs
@@ -422,6 +435,7 @@ class PublicationBuilder:
             "schema": SCHEMA,
             "schema_version": 2,
             "recipe_sha256": self.recipe_sha256,
+            "description": "OLMo 3 représentation — fixture",  # a key the SPEC does not name
             "objects": inventory_objects,
             "totals": {
                 "objects": len(inventory_objects),
@@ -476,9 +490,7 @@ class PublicationBuilder:
             schema = pa.schema(
                 [(name, INDEX_TYPES.get(name) or pa.infer_type([rows[0][name]])) for name in names]
             )
-            index_objects[f"{self.prefix}final/index/{split}.parquet"] = parquet_bytes(
-                rows, schema
-            )
+            index_objects[f"{self.prefix}final/index/{split}.parquet"] = parquet_bytes(rows, schema)
         objects.update(index_objects)
         if upload_hook is not None:
             upload_hook(objects)
