@@ -16,6 +16,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 
-from fault_proxy import reset_after
+from fault_proxy import reset_after, stall_after
 from representation_fixture import PublicationBuilder, Published, Task, sha256
 from syvain_training_data import (
     ObjectChangedError,
@@ -36,7 +38,12 @@ from syvain_training_data import (
     storage,
 )
 from syvain_training_data.representation import iter_representation_examples
-from syvain_training_data.representation.custody import custody_errors
+from syvain_training_data.representation.custody import (
+    Claim,
+    Prefetcher,
+    Workspace,
+    custody_errors,
+)
 from syvain_training_data.storage import StorageConfig, native_storage
 from syvain_training_data.testing import storage_policy
 
@@ -1231,3 +1238,38 @@ def test_download_resumes_after_a_reset(blob, seaweed, fault_proxy, temp_dir):
     assert digest == hashlib.sha256(data).hexdigest()
     assert fault_proxy.faults_applied == 1
     path.unlink()
+
+
+def test_a_cancelled_download_stops_and_leaves_no_file(blob, config, temp_dir):
+    uri, data, _ = blob
+    path = temp_dir / "out.bin"
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(InterruptedError, match="cancelled"):
+        _native.download_object(
+            native_storage(config), uri, path, size_bytes=len(data), cancel=cancel
+        )
+    assert not path.exists()
+
+
+def test_closing_the_prefetcher_stops_a_stalled_download(blob, seaweed, fault_proxy, temp_dir):
+    uri, data, _ = blob
+    through_proxy = StorageConfig.create(
+        s3_base_url=fault_proxy.endpoint,
+        region=seaweed.region,
+        access_key_id=seaweed.access_key_id,
+        secret_access_key=seaweed.secret_access_key,
+    )
+    fault_proxy.script(stall_after(1000, 60.0, method="GET"))
+    claim = Claim(uri, len(data), hashlib.sha256(data).hexdigest())
+    with Workspace() as workspace:
+        downloads = Prefetcher(workspace, through_proxy)
+        downloads.plan([(claim, "blob")])
+        deadline = time.monotonic() + 30
+        while fault_proxy.faults_applied == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert fault_proxy.faults_applied == 1
+        started = time.monotonic()
+        downloads.close()  # cancels the stalled download instead of waiting a minute
+        assert time.monotonic() - started < 5
+        assert os.listdir(workspace.path) == []

@@ -153,4 +153,5 @@ def download_object(
     *,
     size_bytes: int,
     etag: str | None = None,
+    cancel: Any | None = None,  # anything with is_set(), e.g. threading.Event
 ) -> tuple[int, str]: ...

@@ -3,8 +3,8 @@
 //! Messages name the object (URI) and what is wrong; they never contain a credential.
 
 use pyo3::exceptions::{
-    PyFileExistsError, PyFileNotFoundError, PyKeyboardInterrupt, PyOSError, PyPermissionError,
-    PyRuntimeError, PyValueError,
+    PyFileExistsError, PyFileNotFoundError, PyInterruptedError, PyKeyboardInterrupt, PyOSError,
+    PyPermissionError, PyRuntimeError, PyValueError,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyType;
@@ -73,6 +73,9 @@ pub enum NativeError {
     Encode(String),
     #[error("interrupted")]
     Interrupted,
+    /// The caller cancelled a download (InterruptedError).
+    #[error("Download of {0} cancelled")]
+    Cancelled(String),
     /// A Python exception raised while building or reading Python objects.
     #[error("{0}")]
     Python(#[from] PyErr),
@@ -96,6 +99,7 @@ impl From<NativeError> for PyErr {
             | NativeError::Storage { .. }
             | NativeError::Shard { .. } => PyRuntimeError::new_err(message),
             NativeError::Io(_) => PyOSError::new_err(message),
+            NativeError::Cancelled(_) => PyInterruptedError::new_err(message),
             NativeError::Interrupted => PyKeyboardInterrupt::new_err("interrupted"),
             NativeError::Python(e) => e,
         }

@@ -3,9 +3,11 @@
 Everything here reads files the custody layer has already downloaded and verified; it checks
 the contents (metadata columns and rows, tensor names, dtypes and shapes, the 32 relation rows
 of every selected block) and copies out only the selected rows. Tensors are read through
-safetensors in windows of at most ``WINDOW_BYTES`` and the selected rows are gathered into
-fresh tensors, so no mapping of the file outlives the read and memory stays bounded by a window
-plus the selected rows.
+safetensors (as numpy arrays) in windows of at most ``WINDOW_BYTES`` and the selected rows are
+gathered into fresh arrays that become the examples' tensors without another copy, so no
+mapping of the file outlives the read and memory stays bounded by a window plus the selected
+rows. numpy rather than torch does the gathering: torch's intra-op thread pool is slower by
+orders of magnitude on busy cores, and the loader must not change the caller's torch settings.
 
 Decisions where the SPEC is silent:
 
@@ -155,7 +157,8 @@ def _open_table(
         integrity_error(uri, f"the table has {found} rows; the publication claims {rows}")
     try:
         with parquet:
-            table = parquet.read(columns=list(read))
+            # One thread: pyarrow's pool only adds contention next to the downloads.
+            table = parquet.read(columns=list(read), use_threads=False)
     except Exception as error:
         raise RepresentationIntegrityError(f"{uri}: unreadable parquet: {error}") from error
     for name in read:
@@ -318,7 +321,7 @@ class _TensorFile:
     def __init__(self, path: Path, uri: str, declared: Mapping[str, tuple[int, ...]]) -> None:
         self.uri = uri
         try:
-            self._file = cast(Any, safe_open(str(path), framework="pt"))
+            self._file = cast(Any, safe_open(str(path), framework="numpy"))
             self.names = set(self._file.keys())
             self._slices: dict[str, Any] = {name: self._file.get_slice(name) for name in self.names}
             self.shapes = {name: tuple(s.get_shape()) for name, s in self._slices.items()}
@@ -350,17 +353,16 @@ class _TensorFile:
                 f"{list(self.shapes[name])}"
             )
 
-    def whole(self, name: str) -> torch.Tensor:
+    def whole(self, name: str) -> np.ndarray[Any, Any]:
         try:
-            whole: torch.Tensor = self._slices[name][:].clone()
-            return whole
+            return np.array(self._slices[name][:])
         except Exception as error:
             raise RepresentationIntegrityError(
                 f"{self.uri}: cannot read {name}: {error}"
             ) from error
 
-    def rows(self, name: str, rows: np.ndarray[Any, np.dtype[np.int64]]) -> torch.Tensor:
-        """Rows ``rows`` (sorted, unique) of a 2-D tensor as a new tensor, read in windows."""
+    def rows(self, name: str, rows: np.ndarray[Any, np.dtype[np.int64]]) -> np.ndarray[Any, Any]:
+        """Rows ``rows`` (sorted, unique) of a 2-D tensor as a new array, read in windows."""
         tensor = self._slices[name]
         shape = self.shapes[name]
         row_bytes = max(1, int(np.prod(shape[1:])) * _itemsize(self.dtypes[name]))
@@ -373,14 +375,14 @@ class _TensorFile:
                 end_at = int(np.searchsorted(rows, start + window, side="left"))
                 stop = int(rows[end_at - 1]) + 1
                 piece = tensor[start:stop]
-                parts.append(piece[torch.from_numpy(rows[start_at:end_at] - start)])
+                parts.append(np.take(piece, rows[start_at:end_at] - start, axis=0))
                 del piece
                 start_at = end_at
         except Exception as error:
             raise RepresentationIntegrityError(
                 f"{self.uri}: cannot read {name}: {error}"
             ) from error
-        return torch.cat(parts) if len(parts) != 1 else parts[0]
+        return np.concatenate(parts) if len(parts) != 1 else parts[0]
 
     def close(self) -> None:
         self._slices.clear()
@@ -403,7 +405,7 @@ def read_input_ids(
         file.require_names(PREPARED_TENSORS)
         file.require("input_ids", "I32", (count, BLOCK_TOKENS))
         file.require("projection_offset", "I16", (count,))
-        offsets = file.whole("projection_offset").numpy().astype(np.int64)
+        offsets = file.whole("projection_offset").astype(np.int64)
         bad = np.flatnonzero(offsets != blocks.projection_offsets)
         if bad.size:
             file.fail(
@@ -414,7 +416,11 @@ def read_input_ids(
         gathered = file.rows("input_ids", wanted)
     finally:
         file.close()
-    return {int(row): gathered[index].to(torch.int64) for index, row in enumerate(wanted.tolist())}
+    # Each example gets an array of its own (astype copies), handed to torch without a copy.
+    return {
+        int(row): torch.from_numpy(gathered[index].astype(np.int64))
+        for index, row in enumerate(wanted.tolist())
+    }
 
 
 @dataclass(frozen=True)
@@ -433,8 +439,8 @@ def read_relation_rows(
     state_kind: str,
     projection_rows: int,
 ) -> dict[str, Relations]:
-    """Checks a representation metadata table and, for each selected block, its 32 rows for
-    (teacher_layer, state_kind). Raises RepresentationIntegrityError."""
+    """Checks a representation metadata table and, for each selected block (all of one task),
+    its 32 rows for (teacher_layer, state_kind). Raises RepresentationIntegrityError."""
     uri = pair.metadata.uri
     columns = REPRESENTATION_COLUMNS
     table = _open_table(path, uri, columns, pair.metadata_records, columns)
@@ -450,12 +456,16 @@ def read_relation_rows(
         ),
         pc.equal(table.column("state_kind"), state_kind),
     )
+    rows = table.filter(mask)
+    relations = _relations_at_once(rows, ids, pair, selected, teacher_layer, projection_rows)
+    if relations is not None:
+        return relations
+    # Something is wrong: find and name the first failing block, row by row.
     rows_of: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in table.filter(mask).to_pylist():
+    for row in rows.to_pylist():
         rows_of[row["block_id"]].append(row)
-    relations = {}
     for block in selected:
-        relations[block.block_id] = _check_relations(
+        _check_relations(
             uri,
             block,
             rows_of.get(block.block_id, []),
@@ -464,7 +474,55 @@ def read_relation_rows(
             state_kind,
             projection_rows,
         )
-    return relations
+    integrity_error(uri, "the representation rows of the selected blocks are inconsistent")
+
+
+def _relations_at_once(
+    rows: Any,
+    ids: Any,
+    pair: Pair,
+    selected: Sequence[SelectedBlock],
+    teacher_layer: int,
+    projection_rows: int,
+) -> dict[str, Relations] | None:
+    """The rules of :func:`_check_relations` for all selected blocks at once, on whole columns;
+    None when any of them fails (the caller then looks row by row, to name the failure).
+
+    The rows are those of the selected blocks at (teacher_layer, state_kind); all selected
+    blocks of one task share the task's source and split."""
+    count = len(selected)
+    if rows.num_rows != POSITIONS * count or any(
+        rows.column(name).null_count for name in rows.column_names
+    ):
+        return None
+    block = np.asarray(pc.index_in(rows.column("block_id"), value_set=ids).to_numpy())
+    position = np.asarray(rows.column("position_offset").to_numpy(), dtype=np.int64)
+    if np.bincount(block, minlength=count).tolist() != [POSITIONS] * count:
+        return None
+    order = np.lexsort((position, block))  # by block, then by position
+    expected = np.asarray([b.positions for b in selected], dtype=np.int64)  # (count, 32)
+    token_base = np.asarray([b.token_offset for b in selected], dtype=np.int64)[:, None]
+    taken = rows.take(pa.array(order))
+
+    def column(name: str) -> np.ndarray[Any, Any]:
+        return np.asarray(taken.column(name).to_numpy(zero_copy_only=False))
+
+    projection_row = column("projection_row").astype(np.int64).reshape(count, POSITIONS)
+    position_ids = [projected_position_id(b.block_id, p) for b in selected for p in b.positions]
+    if not (
+        np.array_equal(position[order].reshape(count, POSITIONS), expected)
+        and np.array_equal(column("token_offset").reshape(count, POSITIONS), token_base + expected)
+        and bool(pc.all(pc.equal(taken.column("source"), selected[0].source)).as_py())
+        and bool(pc.all(pc.equal(taken.column("split"), pair.split)).as_py())
+        and bool(pc.all(pc.equal(taken.column("block_type"), block_type(teacher_layer))).as_py())
+        and taken.column("projected_position_id").to_pylist() == position_ids
+        and bool(((projection_row >= 0) & (projection_row < projection_rows)).all())
+    ):
+        return None
+    return {
+        b.block_id: Relations(positions=b.positions, projection_rows=projection_row[i].tolist())
+        for i, b in enumerate(selected)
+    }
 
 
 def _check_relations(
@@ -546,16 +604,16 @@ class ProjectionFile:
         gathered = self._file.rows("projection", wanted)
         result = {}
         for block_id, rel in relations.items():
-            index = torch.from_numpy(np.searchsorted(wanted, rel.projection_rows))
-            values = gathered[index]
-            if not bool(torch.isfinite(values).all()):
-                bad = int(torch.nonzero(~torch.isfinite(values))[0][0])
+            values = np.take(gathered, np.searchsorted(wanted, rel.projection_rows), axis=0)
+            finite = np.isfinite(values).all(axis=1)
+            if not finite.all():
+                bad = int(np.flatnonzero(~finite)[0])
                 integrity_error(
                     self._file.uri,
                     f"block {block_id}: projection row {rel.projection_rows[bad]} (position "
                     f"{rel.positions[bad]}) holds a value that is not finite",
                 )
-            result[block_id] = values
+            result[block_id] = torch.from_numpy(values)
         return result
 
 

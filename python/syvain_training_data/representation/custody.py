@@ -19,7 +19,11 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Final, NoReturn
@@ -28,9 +32,19 @@ from syvain_training_data import _native
 from syvain_training_data.errors import ObjectChangedError, RepresentationIntegrityError
 from syvain_training_data.storage import StorageConfig, head_object, native_storage
 
-__all__ = ["Workspace", "custody_errors", "fetch", "integrity_error", "strip_etag"]
+__all__ = [
+    "Claim",
+    "Prefetcher",
+    "Workspace",
+    "custody_errors",
+    "fetch",
+    "integrity_error",
+    "strip_etag",
+]
 
 TEMP_PREFIX: Final = "syvain-representation-"
+#: Objects the prefetcher downloads ahead of their use (the one in progress included).
+PREFETCH_OBJECTS: Final = 3
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -45,6 +59,15 @@ def strip_etag(etag: str) -> str:
     if etag.startswith("W/"):
         etag = etag[2:]
     return etag.strip('"')
+
+
+@dataclass(frozen=True)
+class Claim:
+    """An object the publication claims: URI, size in bytes and lowercase hex SHA-256."""
+
+    uri: str
+    size: int
+    sha256: str
 
 
 class Workspace:
@@ -112,18 +135,21 @@ def fetch(
     etag: str | None = None,
     what: str = "object",
     missing_is_integrity: bool = True,
+    cancel: threading.Event | None = None,
 ) -> Path:
     """Downloads ``uri`` into a new file of ``workspace`` under custody and returns its path.
 
     ``size``, ``sha256`` and ``etag`` are the publication's claims (None: no claim; the HEAD's
     size and etag are then what the stream is pinned to). ``what`` names the object in messages.
+    Setting ``cancel`` stops the download (InterruptedError), from any thread.
 
     Raises:
         RepresentationIntegrityError: HEAD size or etag differs from the claim, the streamed
             bytes differ in size or SHA-256, the object is missing (with
             ``missing_is_integrity``) or changed while it was read.
         FileNotFoundError: the object is missing and ``missing_is_integrity`` is false.
-        PermissionError, StorageRetryExhaustedError, OSError, KeyboardInterrupt: unchanged.
+        PermissionError, StorageRetryExhaustedError, OSError (InterruptedError when
+            cancelled), KeyboardInterrupt: unchanged.
     """
     storage = native_storage(storage_config)
     with custody_errors(uri, missing_is_integrity=missing_is_integrity):
@@ -136,7 +162,12 @@ def fetch(
             )
         path = workspace.new_path(uri)
         received, digest = _native.download_object(
-            storage, uri, path, size_bytes=info.size, etag=info.etag or etag or None
+            storage,
+            uri,
+            path,
+            size_bytes=info.size,
+            etag=info.etag or etag or None,
+            cancel=cancel,
         )
     if sha256 is not None and digest != sha256:
         with contextlib.suppress(FileNotFoundError):
@@ -145,3 +176,76 @@ def fetch(
             uri, f"the {what}'s {received} bytes have SHA-256 {digest} but {sha256} is claimed"
         )
     return path
+
+
+class Prefetcher:
+    """Downloads claimed objects under custody in one background thread, in the order the
+    caller will take them, at most ``lookahead`` objects ahead: the next downloads overlap the
+    caller's work on the current one, while the bytes still arrive one object at a time.
+
+    :meth:`close` (also on ``with`` exit) cancels what is queued, stops the download in
+    progress and waits for it, so no download outlives the prefetcher; the files it made stay
+    in the workspace, which its owner removes.
+    """
+
+    def __init__(
+        self,
+        workspace: Workspace,
+        storage_config: StorageConfig,
+        *,
+        lookahead: int = PREFETCH_OBJECTS,
+    ) -> None:
+        self._workspace = workspace
+        self._storage_config = storage_config
+        self._lookahead = max(1, lookahead)
+        self._cancel = threading.Event()
+        self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="syvain-fetch")
+        self._planned: deque[tuple[Claim, str]] = deque()
+        self._started: deque[tuple[Claim, Future[Path]]] = deque()
+
+    def plan(self, claims: Iterable[tuple[Claim, str]]) -> None:
+        """Queues (claim, what) downloads; take them in this order."""
+        self._planned.extend(claims)
+        self._fill()
+
+    def _fill(self) -> None:
+        while self._planned and len(self._started) < self._lookahead:
+            claim, what = self._planned.popleft()
+            future = self._executor.submit(
+                fetch,
+                claim.uri,
+                self._workspace,
+                storage_config=self._storage_config,
+                size=claim.size,
+                sha256=claim.sha256,
+                what=what,
+                cancel=self._cancel,
+            )
+            self._started.append((claim, future))
+
+    def take(self, claim: Claim) -> Path:
+        """The downloaded, verified file of the next planned claim (which must be ``claim``);
+        raises what its download raised."""
+        self._fill()
+        if not self._started or self._started[0][0] != claim:
+            raise RuntimeError(f"{claim.uri} was not the next planned download")
+        _, future = self._started.popleft()
+        self._fill()  # keep the lookahead while the caller works on this one
+        return future.result()
+
+    def close(self) -> None:
+        self._cancel.set()
+        self._planned.clear()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._started.clear()
+
+    def __enter__(self) -> Prefetcher:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -9,6 +9,10 @@ The loader checks the arguments at once, then, on the first ``next()``:
 3. for each task holding a selected block, downloads its prepared tensors and its
    representation pair once, checks them, and copies out the selected rows.
 
+Downloads run in one background thread, a few objects ahead of the checks (the bytes still
+arrive one object at a time, as in a plain download); the checks of one object overlap the
+download of the next.
+
 Every object is downloaded under custody (:mod:`.custody`) into a private temporary directory
 that is removed before the first example is yielded, and in every other case (an error, or the
 generator closed or dropped before it started). Nothing is yielded until every check of every
@@ -20,9 +24,8 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Final
 
 import torch
@@ -36,12 +39,11 @@ from syvain_training_data.representation.blocks import (
     read_relation_rows,
     select_blocks,
 )
-from syvain_training_data.representation.custody import Workspace, fetch
+from syvain_training_data.representation.custody import Prefetcher, Workspace
 from syvain_training_data.representation.publication import (
     SOURCES,
     SPLITS,
-    Claim,
-    Publication,
+    Pair,
     load_publication,
     publication_prefix,
 )
@@ -202,31 +204,24 @@ def _examples(request: _Request, storage_config: StorageConfig) -> Iterator[Repr
 
 
 def _load(request: _Request, storage_config: StorageConfig) -> list[RepresentationExample]:
-    with Workspace() as workspace:
+    with (
+        Workspace() as workspace,
+        Prefetcher(workspace, storage_config) as downloads,
+    ):
         publication = load_publication(
             request.manifest_uri,
             request.manifest_sha256,
             workspace,
             storage_config=storage_config,
         )
-
-        def download(claim: Claim, what: str) -> Path:
-            return fetch(
-                claim.uri,
-                workspace,
-                storage_config=storage_config,
-                size=claim.size,
-                sha256=claim.sha256,
-                what=what,
-            )
-
-        prepared: dict[str, list[PreparedBlocks]] = {}
-        for source in request.sources:
-            prepared[source] = []
-            for pair in publication.prepared(request.split, source):
-                path = download(pair.metadata, "prepared metadata")
-                prepared[source].append(read_prepared_metadata(path, pair))
-                path.unlink()
+        split = request.split
+        pairs = [pair for source in request.sources for pair in publication.prepared(split, source)]
+        downloads.plan((pair.metadata, "prepared metadata") for pair in pairs)
+        prepared: dict[str, list[PreparedBlocks]] = {source: [] for source in request.sources}
+        for pair in pairs:
+            path = downloads.take(pair.metadata)
+            prepared[pair.source].append(read_prepared_metadata(path, pair))
+            path.unlink()
         selection = select_blocks(
             request.split, request.sources, request.per_source_count, prepared
         )
@@ -234,26 +229,37 @@ def _load(request: _Request, storage_config: StorageConfig) -> list[Representati
         for source in request.sources:
             for block in selection[source]:
                 by_task.setdefault(block.blocks.pair.task, []).append(block)
+        tasks = [
+            (blocks, publication.representations(request.split, task))
+            for task, blocks in by_task.items()
+        ]
+        downloads.plan(
+            claim
+            for blocks, representation in tasks
+            for claim in (
+                (blocks[0].blocks.pair.tensor, "prepared tensor file"),
+                (representation.metadata, "representation metadata"),
+                (representation.tensor, "representation tensor file"),
+            )
+        )
         examples: dict[str, RepresentationExample] = {}
-        for task, blocks in by_task.items():
-            examples.update(_load_task(publication, request, task, blocks, download))
+        for blocks, representation in tasks:
+            examples.update(_load_task(request, blocks, representation, downloads))
     return [examples[block.block_id] for source in request.sources for block in selection[source]]
 
 
 def _load_task(
-    publication: Publication,
     request: _Request,
-    task: str,
     selected: list[SelectedBlock],
-    download: Callable[[Claim, str], Path],
+    representation: Pair,
+    downloads: Prefetcher,
 ) -> dict[str, RepresentationExample]:
     """The examples of the selected blocks of one task (each artifact downloaded once)."""
     prepared = selected[0].blocks
-    representation = publication.representations(request.split, task)
-    path = download(prepared.pair.tensor, "prepared tensor file")
+    path = downloads.take(prepared.pair.tensor)
     input_ids = read_input_ids(path, prepared, [block.row for block in selected])
     path.unlink()
-    path = download(representation.metadata, "representation metadata")
+    path = downloads.take(representation.metadata)
     relations = read_relation_rows(
         path,
         representation,
@@ -263,7 +269,7 @@ def _load_task(
         representation.tensor_records,
     )
     path.unlink()
-    path = download(representation.tensor, "representation tensor file")
+    path = downloads.take(representation.tensor)
     projections = read_projections(path, representation, relations)
     path.unlink()
     return {

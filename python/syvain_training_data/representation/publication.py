@@ -24,6 +24,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, NoReturn
@@ -36,6 +37,7 @@ from syvain_training_data.manifest import (
     parse_manifest,
 )
 from syvain_training_data.representation.custody import (
+    Claim,
     Workspace,
     custody_errors,
     fetch,
@@ -121,15 +123,6 @@ def publication_prefix(manifest_uri: str) -> tuple[str, str]:
             f"recipe_sha256, got {manifest_uri!r}"
         )
     return match["recipe"], manifest_uri[: -len("data-manifest-v1.json")]
-
-
-@dataclass(frozen=True)
-class Claim:
-    """An object the index claims: URI, size in bytes and lowercase hex SHA-256."""
-
-    uri: str
-    size: int
-    sha256: str
 
 
 @dataclass(frozen=True)
@@ -716,7 +709,13 @@ def load_publication(
         missing_is_integrity=False,
     )
     shards = _check_manifest(_read_and_remove(path), manifest_uri, prefix)
-    rows = {split: _read_index(split, shards[split], storage_config) for split in SPLITS}
+    # The three shards are small: read them at once (the store calls release the GIL).
+    with ThreadPoolExecutor(max_workers=len(SPLITS), thread_name_prefix="syvain-index") as pool:
+        reads = {
+            split: pool.submit(_read_index, split, shards[split], storage_config)
+            for split in SPLITS
+        }
+        rows = {split: reads[split].result() for split in SPLITS}
     index_pairs, singletons, manifest_claim = _check_index(rows, shards, prefix)
     path = fetch(
         manifest_claim.uri,
