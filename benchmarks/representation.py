@@ -67,9 +67,7 @@ def run_loader(published: Any, config: StorageConfig, per_source: int) -> tuple[
         elapsed = time.perf_counter() - started
     finally:
         _native.download_object = original  # type: ignore[assignment]
-    index = [
-        (uri, len(data)) for uri, data in published.objects.items() if "/final/index/" in uri
-    ]
+    index = [(uri, len(data)) for uri, data in published.objects.items() if "/final/index/" in uri]
     return elapsed, len(examples), downloaded + index
 
 
