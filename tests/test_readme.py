@@ -62,9 +62,31 @@ def test_every_block_is_python_or_bash():
     assert len(PYTHON) >= 8 and len(RUN_BASH) >= 2 and len(SETUP_BASH) == 2
 
 
+@pytest.fixture(scope="module")
+def representation_publication(seaweed) -> tuple[str, str]:
+    """A small OLMo 3 representation publication in the session's SeaweedFS (its manifest URI
+    and digest), for the README's representation example."""
+    from representation_fixture import PublicationBuilder
+
+    from syvain_training_data.storage import StorageConfig
+
+    config = StorageConfig.create(
+        s3_base_url=seaweed.endpoint,
+        region=seaweed.region,
+        access_key_id=seaweed.access_key_id,
+        secret_access_key=seaweed.secret_access_key,
+    )
+    published = PublicationBuilder(seed=3).publish(config)
+    return published.manifest_uri, published.manifest_sha256
+
+
 @pytest.mark.parametrize("code", PYTHON, ids=[f"python-{i}" for i in range(len(PYTHON))])
-def test_python_block_runs(code: str, tmp_path, monkeypatch, aws_env) -> None:
+def test_python_block_runs(code: str, tmp_path, monkeypatch, aws_env, request) -> None:
     monkeypatch.chdir(tmp_path)
+    if "SYVAIN_REPRESENTATION_MANIFEST" in code:
+        uri, digest = request.getfixturevalue("representation_publication")
+        monkeypatch.setenv("SYVAIN_REPRESENTATION_MANIFEST", uri)
+        monkeypatch.setenv("SYVAIN_REPRESENTATION_SHA256", digest)
     exec(compile(code, f"README.md block in {tmp_path}", "exec"), {"__name__": "__readme__"})
 
 

@@ -22,8 +22,10 @@ from syvain_training_data.shard import iter_shard
 from syvain_training_data.storage import StorageConfig
 
 if TYPE_CHECKING:
-    # Imported lazily at run time (``__getattr__`` below); type checkers see the real class.
+    # Imported lazily at run time (``__getattr__`` below); type checkers see the real classes.
+    from syvain_training_data.errors import RepresentationIntegrityError
     from syvain_training_data.loader import SplitDataLoader
+    from syvain_training_data.representation import RepresentationExample
 
 __all__ = [
     "DataManifest",
@@ -36,6 +38,8 @@ __all__ = [
     "ManifestShard",
     "ObjectChangedError",
     "PublicationConflictError",
+    "RepresentationExample",
+    "RepresentationIntegrityError",
     "SplitDataLoader",
     "StorageConfig",
     "StorageRetryExhaustedError",
@@ -43,11 +47,16 @@ __all__ = [
     "iter_shard",
 ]
 
-_LAZY = {"SplitDataLoader": "syvain_training_data.loader"}
+_LAZY = {
+    "SplitDataLoader": "syvain_training_data.loader",
+    "RepresentationExample": "syvain_training_data.representation",
+    "RepresentationIntegrityError": "syvain_training_data.errors",
+}
 
 
 def __getattr__(name: str) -> object:
-    # Optional-extra names (torch) are imported on first use, so the base install stays light.
+    # Optional-extra names (torch, the representation extra) are imported on first use, so the
+    # base install stays light.
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

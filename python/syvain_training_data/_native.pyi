@@ -143,3 +143,15 @@ def shard_reader_from_bytes(
 def rows_from_arrow(
     schema: object, array: object, fallback: Callable[[int], list[Any]]
 ) -> list[dict[str, Any]]: ...
+
+# rust/src/download.rs: an object streamed to a new local file, hashed on the way.
+
+def download_object(
+    storage: NativeStorage,
+    uri: str,
+    path: str | os.PathLike[str],
+    *,
+    size_bytes: int,
+    etag: str | None = None,
+    cancel: Any | None = None,  # anything with is_set(), e.g. threading.Event
+) -> tuple[int, str]: ...

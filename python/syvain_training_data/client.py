@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr, ValidationError
@@ -19,6 +19,7 @@ from syvain_training_data.storage import StorageConfig, get_object, native_stora
 if TYPE_CHECKING:
     from syvain_training_data.loader import SplitDataLoader
     from syvain_training_data.manifest import DataManifestDataFormat
+    from syvain_training_data.representation import RepresentationExample
     from syvain_training_data.saver import DatasetSaver
 
 __all__ = ["SyvainTrainingData"]
@@ -138,4 +139,39 @@ class SyvainTrainingData:
             dataloader_args,
             storage_config=self._storage_config,
             manifest_uri=manifest_uri,
+        )
+
+    def iter_representation_examples(
+        self,
+        manifest_uri: str,
+        manifest_sha256: str,
+        *,
+        split: str,
+        sources: Sequence[str],
+        per_source_count: int,
+        teacher_layer: int,
+        state_kind: str,
+    ) -> Iterator[RepresentationExample]:
+        """Verified examples of the OLMo 3 representation publication (SPEC section 7): the
+        first ``per_source_count`` blocks by block_id of each source, in the order of
+        ``sources``, each joined to its 32 teacher projections for (``teacher_layer``,
+        ``state_kind``). Needs the ``representation`` extra.
+
+        Arguments are checked now (TypeError, ValueError); the publication is downloaded and
+        verified on the first ``next()``, and nothing is yielded until every check has passed.
+        Raises RepresentationIntegrityError for any custody or schema failure, ValueError when a
+        source has too few examples, ModuleNotFoundError without the extra; see
+        :func:`syvain_training_data.representation.iter_representation_examples`.
+        """
+        from syvain_training_data.representation import iter_representation_examples
+
+        return iter_representation_examples(
+            manifest_uri,
+            manifest_sha256,
+            split=split,
+            sources=sources,
+            per_source_count=per_source_count,
+            teacher_layer=teacher_layer,
+            state_kind=state_kind,
+            storage_config=self._storage_config,
         )

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-__all__ = ["ObjectChangedError", "PublicationConflictError", "StorageRetryExhaustedError"]
+__all__ = [
+    "ObjectChangedError",
+    "PublicationConflictError",
+    "RepresentationIntegrityError",
+    "StorageRetryExhaustedError",
+]
 
 
 class StorageRetryExhaustedError(RuntimeError):
@@ -24,3 +29,12 @@ class PublicationConflictError(RuntimeError):
     digest, format, split, stage, URI, metadata, or its data object is missing or differs), or a
     registration contradicts an earlier one. Nothing is overwritten; the message names the
     object."""
+
+
+class RepresentationIntegrityError(RuntimeError):
+    """The OLMo 3 representation publication failed a custody or schema check of SPEC section 7:
+    a manifest, index, artifact manifest, metadata table or tensor file that is missing, changed,
+    differs from what the publication claims (size, etag, SHA-256, rows, roles), or breaks the
+    publication's schema. A RuntimeError, like PublicationConflictError: the data is wrong, not
+    the caller's arguments (those raise ValueError or TypeError). Nothing has been yielded when
+    it is raised; the message names the object (URI) and what is wrong."""

@@ -3,8 +3,8 @@
 //! Messages name the object (URI) and what is wrong; they never contain a credential.
 
 use pyo3::exceptions::{
-    PyFileExistsError, PyFileNotFoundError, PyKeyboardInterrupt, PyPermissionError, PyRuntimeError,
-    PyValueError,
+    PyFileExistsError, PyFileNotFoundError, PyInterruptedError, PyKeyboardInterrupt, PyOSError,
+    PyPermissionError, PyRuntimeError, PyValueError,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyType;
@@ -65,11 +65,17 @@ pub enum NativeError {
         uri: String,
         reason: String,
     },
+    /// A local file could not be created, written or read (OSError).
+    #[error("{0}")]
+    Io(String),
     /// A record handed to an encoder cannot be written (ValueError, nothing written).
     #[error("{0}")]
     Encode(String),
     #[error("interrupted")]
     Interrupted,
+    /// The caller cancelled a download (InterruptedError).
+    #[error("Download of {0} cancelled")]
+    Cancelled(String),
     /// A Python exception raised while building or reading Python objects.
     #[error("{0}")]
     Python(#[from] PyErr),
@@ -92,6 +98,8 @@ impl From<NativeError> for PyErr {
             NativeError::InvalidData(_)
             | NativeError::Storage { .. }
             | NativeError::Shard { .. } => PyRuntimeError::new_err(message),
+            NativeError::Io(_) => PyOSError::new_err(message),
+            NativeError::Cancelled(_) => PyInterruptedError::new_err(message),
             NativeError::Interrupted => PyKeyboardInterrupt::new_err("interrupted"),
             NativeError::Python(e) => e,
         }

@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 pub(crate) mod classify;
 pub(crate) mod client;
 pub mod codec;
+mod download;
 pub mod error;
 pub(crate) mod ops;
 pub(crate) mod policy;
@@ -25,5 +26,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     codec::register(m)?;
     rows::register(m)?;
     upload::register(m)?;
+    download::register(m)?;
     Ok(())
 }

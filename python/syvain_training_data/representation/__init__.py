@@ -1,0 +1,33 @@
+"""The OLMo 3 representation publication, read with full custody checks (SPEC section 7).
+
+Needs the ``representation`` extra (numpy, pyarrow, safetensors, torch):
+``pip install 'syvain-training-data[representation]'``. Without it, importing this package
+raises ModuleNotFoundError naming the extra and the install command.
+
+Modules: :mod:`.custody` (HEAD, streamed size and SHA-256, temporary files),
+:mod:`.publication` (data manifest, index, artifact manifest), :mod:`.blocks` (metadata
+tables, selection, tensors), :mod:`.examples` (the loader and :class:`RepresentationExample`).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+for _module in ("numpy", "pyarrow", "safetensors", "torch"):
+    try:
+        importlib.import_module(_module)
+    except ModuleNotFoundError as _error:
+        raise ModuleNotFoundError(
+            f"The OLMo 3 representation loader needs {_module}: install the 'representation' "
+            "extra (numpy, pyarrow, safetensors, torch) with "
+            "pip install 'syvain-training-data[representation]'",
+            name=_error.name,
+        ) from _error
+
+from syvain_training_data.errors import RepresentationIntegrityError  # noqa: E402
+from syvain_training_data.representation.examples import (  # noqa: E402
+    RepresentationExample,
+    iter_representation_examples,
+)
+
+__all__ = ["RepresentationExample", "RepresentationIntegrityError", "iter_representation_examples"]
