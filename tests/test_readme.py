@@ -67,7 +67,6 @@ def representation_publication(seaweed) -> tuple[str, str]:
     """A small OLMo 3 representation publication in the session's SeaweedFS (its manifest URI
     and digest), for the README's representation example."""
     from representation_fixture import PublicationBuilder
-
     from syvain_training_data.storage import StorageConfig
 
     config = StorageConfig.create(

@@ -24,6 +24,8 @@ from syvain_training_data import (
     ManifestShard,
     ObjectChangedError,
     PublicationConflictError,
+    RepresentationExample,
+    RepresentationIntegrityError,
     SplitDataLoader,
     StorageConfig,
     StorageRetryExhaustedError,
@@ -110,6 +112,29 @@ def handle_errors(client: SyvainTrainingData, uri: str) -> str:
     return "found"
 
 
+def projection_shapes(examples: Iterator[RepresentationExample]) -> list[tuple[int, ...]]:
+    return [tuple(example.teacher_final_state_projections.shape) for example in examples]
+
+
+def representation_arguments(client: SyvainTrainingData) -> str:
+    """The representation loader checks its arguments at the call, before any I/O."""
+    try:
+        examples = client.iter_representation_examples(
+            "s3://syvain-data/elsewhere/data-manifest-v1.json",
+            "0" * 64,
+            split="analysis",
+            sources=["dolmino"],
+            per_source_count=1,
+            teacher_layer=15,
+            state_kind="post_mlp",
+        )
+    except ValueError:
+        return "rejected"
+    except RepresentationIntegrityError as error:
+        return str(error)
+    return str(len(projection_shapes(examples)))
+
+
 def main(directory: str) -> int:
     client = SyvainTrainingData()
     root = f"file://{directory}"
@@ -121,6 +146,7 @@ def main(directory: str) -> int:
     assert stream_bytes(manifest, client.storage_config) > 0
     assert load(client, manifest_uri) == 19  # 300 records in batches of 16
     assert handle_errors(client, f"{root}/nothing.json") == "missing"
+    assert representation_arguments(client) == "rejected"
     status: int = cli_main(["verify", "--deep", "--no-progress", manifest_uri])
     return status
 
