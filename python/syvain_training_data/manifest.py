@@ -407,8 +407,9 @@ def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def _loads_strict_json(text: str) -> object:
-    """Parse strict JSON text (see the module docstring); raise ValueError otherwise."""
+def loads_strict_json(text: str) -> object:
+    """Parse strict JSON text: no repeated object keys, no NaN or Infinity, no number out of
+    float range. Raises ValueError (with the reason) otherwise, also for nesting too deep."""
     try:
         return json.loads(
             text,
@@ -462,7 +463,7 @@ def parse_manifest(data: bytes | bytearray | memoryview, uri: str) -> DataManife
     except UnicodeDecodeError as error:
         raise ValueError(f"Data manifest is not valid UTF-8: {uri}") from error
     try:
-        value = _loads_strict_json(text)
+        value = loads_strict_json(text)
     except ValueError as error:  # json.JSONDecodeError, _StrictJsonError, int digit limit
         raise ValueError(f"Data manifest is not valid JSON: {uri}") from error
     try:

@@ -34,6 +34,7 @@ from syvain_training_data.manifest import (
     DataManifest,
     ManifestShard,
     canonical_manifest_bytes,
+    loads_strict_json,
     parse_manifest,
 )
 from syvain_training_data.representation.custody import (
@@ -417,27 +418,10 @@ def _check_index(
 # --------------------------------------------------------------------------------------------
 
 
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise ValueError(f"duplicate key {key!r}")
-        result[key] = value
-    return result
-
-
-def _reject_constant(token: str) -> Any:
-    raise ValueError(f"{token} is not JSON")
-
-
 def _parse_artifact_manifest(data: bytes, uri: str) -> dict[str, Any]:
     try:
-        value = json.loads(
-            data.decode("utf-8"),
-            object_pairs_hook=_no_duplicate_keys,
-            parse_constant=_reject_constant,
-        )
-    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        value = loads_strict_json(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
         raise RepresentationIntegrityError(
             f"{uri}: the artifact manifest is not valid JSON: {error}"
         ) from error
