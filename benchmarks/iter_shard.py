@@ -11,7 +11,8 @@ floor on the same shard bytes held in memory:
 make the floor pay allocator and garbage-collector costs that a streaming reader does not)
   parquet       pyarrow.parquet.read_table + Table.to_pylist
 Encoding: records/s of `ShardEncoder` (and the Parquet writer) against msgspec/orjson +
-zstandard/zlib level 6 (pyarrow for Parquet), same records.
+zstandard level 3 / zlib level 6, the levels of SPEC section 3 (pyarrow for Parquet), same
+records.
 
 Run: .venv/bin/python benchmarks/iter_shard.py  (build with `maturin develop --release` first)
 """

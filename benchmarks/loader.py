@@ -2,8 +2,10 @@
 
 batch_size 32, collate to a list, 0 and 2 workers (fork), from the local directory store and
 from SeaweedFS; then, when they are importable, the same records through mosaicml-streaming
-(MDS) and litdata StreamingDataset from local disk with 2 workers. Prints one JSON line per case
-and a summary with the ratios (2 workers / 0 workers; ours / each peer). Best of --repeat epochs.
+(MDS) and litdata StreamingDataset from local disk with 2 workers (the issue's comparison) and
+with 0 (the readers alone, without torch's worker IPC). Prints one JSON line per case and a
+summary with the ratios (2 workers / 0 workers; ours / each peer at the same worker count).
+Best of --repeat epochs.
 
 Each line also gives the CPU seconds the epoch cost in the main process and in the worker
 processes: with workers, torch's DataLoader pickles every batch in a worker and unpickles it in
@@ -99,7 +101,8 @@ PEER_SCRIPT = textwrap.dedent(
 
 
     def main():
-        kind, root, shard_files, repeat = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+        kind, root, shard_files = sys.argv[1], sys.argv[2], sys.argv[3]
+        repeat, workers = int(sys.argv[4]), int(sys.argv[5])
         names = json.load(open(shard_files))
         records = [json.loads(line) for name in names for line in open(name)]
         chunk = len(json.dumps(records)) // 16
@@ -123,8 +126,9 @@ PEER_SCRIPT = textwrap.dedent(
                 return litdata.StreamingDataset(root + "/litdata")
         best = 0.0
         for _ in range(repeat):
-            loader = tud.DataLoader(make(), batch_size=32, num_workers=2, collate_fn=collate,
-                                    multiprocessing_context="fork")
+            fork = {"multiprocessing_context": "fork"} if workers else {}
+            loader = tud.DataLoader(make(), batch_size=32, num_workers=workers,
+                                    collate_fn=collate, **fork)
             start = time.perf_counter()
             count = sum(len(batch) for batch in loader)
             best = max(best, count / (time.perf_counter() - start))
@@ -142,7 +146,9 @@ PEER_SCRIPT = textwrap.dedent(
 )
 
 
-def peer_rate(python: str, kind: str, shards: list[list[dict]], repeat: int) -> float | None:
+def peer_rate(
+    python: str, kind: str, shards: list[list[dict]], repeat: int, workers: int
+) -> float | None:
     with tempfile.TemporaryDirectory() as root:
         names = []
         for index, records in enumerate(shards):
@@ -153,7 +159,7 @@ def peer_rate(python: str, kind: str, shards: list[list[dict]], repeat: int) -> 
         script = Path(f"{root}/peer.py")
         script.write_text(PEER_SCRIPT)
         done = subprocess.run(
-            [python, str(script), kind, root, f"{root}/files.json", str(repeat)],
+            [python, str(script), kind, root, f"{root}/files.json", str(repeat), str(workers)],
             capture_output=True,
             text=True,
         )
@@ -210,17 +216,22 @@ def main() -> None:
                 )
     if options.peer_python:
         for kind in ("mds", "litdata"):
-            rate = peer_rate(options.peer_python, kind, shards, options.repeat)
-            if rate is not None:
-                rates[f"{kind}_2w"] = rate
-                print(json.dumps({"peer": kind, "workers": 2, "records_per_s": round(rate)}))
+            for workers in (0, 2):
+                rate = peer_rate(options.peer_python, kind, shards, options.repeat, workers)
+                if rate is not None:
+                    rates[f"{kind}_{workers}w"] = rate
+                    line = {"peer": kind, "workers": workers, "records_per_s": round(rate)}
+                    print(json.dumps(line), flush=True)
     summary: dict[str, float] = {
         f"{store}_2w_over_0w": round(rates[f"{store}_2w"] / rates[f"{store}_0w"], 3)
         for store in ("local", "seaweedfs")
     }
     for kind in ("mds", "litdata"):
-        if f"{kind}_2w" in rates:
-            summary[f"local_2w_over_{kind}_2w"] = round(rates["local_2w"] / rates[f"{kind}_2w"], 3)
+        for workers in (0, 2):
+            if f"{kind}_{workers}w" in rates:
+                summary[f"local_{workers}w_over_{kind}_{workers}w"] = round(
+                    rates[f"local_{workers}w"] / rates[f"{kind}_{workers}w"], 3
+                )
     print(json.dumps({"summary": summary, "records": SHARDS * options.records_per_shard}))
 
 
