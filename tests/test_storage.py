@@ -344,13 +344,17 @@ def test_spec_policy_is_the_default():
 def test_ctrl_c_interrupts_a_blocked_read(seaweed, fault_proxy, big_object):
     uri, _, info = big_object
     fault_proxy.script(stall_after(0, 60.0))
+    # A shell that starts a job in the background (as CI runners may) hands it SIGINT ignored,
+    # and Python then leaves it ignored; the child restores Ctrl-C as a terminal would have it.
+    # The credentials go through the environment so that no failure output shows them.
     script = textwrap.dedent(
         f"""
-        import sys
+        import os, signal, sys
         from syvain_training_data import storage
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         config = storage.StorageConfig.create(s3_base_url={fault_proxy.endpoint!r},
-            region={seaweed.region!r}, access_key_id={seaweed.access_key_id!r},
-            secret_access_key={seaweed.secret_access_key!r})
+            region={seaweed.region!r}, access_key_id=os.environ["TEST_ACCESS_KEY_ID"],
+            secret_access_key=os.environ["TEST_SECRET_ACCESS_KEY"])
         stream = storage.open_stream({uri!r}, size_bytes={info.size}, storage_config=config)
         print("reading", flush=True)
         try:
@@ -360,15 +364,27 @@ def test_ctrl_c_interrupts_a_blocked_read(seaweed, fault_proxy, big_object):
             sys.exit(7)
         """
     )
+    env = dict(
+        os.environ,
+        TEST_ACCESS_KEY_ID=seaweed.access_key_id,
+        TEST_SECRET_ACCESS_KEY=seaweed.secret_access_key,
+    )
     child = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     assert child.stdout is not None
     assert child.stdout.readline().strip() == "reading"
     time.sleep(1.0)
     child.send_signal(signal.SIGINT)
     started = time.monotonic()
-    out, err = child.communicate(timeout=10)
+    try:
+        out, err = child.communicate(timeout=10)
+    finally:
+        child.kill()
     assert child.returncode == 7, err
     assert "interrupted" in out
     assert time.monotonic() - started < 3
