@@ -81,17 +81,10 @@ def encode_floor(data_format: str, records: list[dict]) -> float:
     return len(records) / (time.perf_counter() - started)
 
 
-def save_shards(
-    saver: DatasetSaver,
-    shards: dict[int, list[dict]],
-    threads: int,
-    start: Barrier | None = None,
-) -> None:
+def save_shards(saver: DatasetSaver, shards: dict[int, list[dict]], threads: int) -> None:
     def save(index: int) -> None:
         saver.save("train", None, shards[index], shard_id=f"part-{index:05d}")
 
-    if start is not None:
-        start.wait()
     if threads == 1:
         for index in shards:
             save(index)
@@ -114,7 +107,9 @@ def own_copies(records: list[dict], shard_ids: list[int], per_shard: int) -> dic
 def worker(
     saver: DatasetSaver, records: list[dict], shard_ids: list[int], per_shard: int, start: Barrier
 ) -> None:
-    save_shards(saver, own_copies(records, shard_ids, per_shard), threads=1, start=start)
+    shards = own_copies(records, shard_ids, per_shard)
+    start.wait()
+    save_shards(saver, shards, threads=1)
 
 
 def run_case(saver: DatasetSaver, records: list[dict], processes: int, threads: int) -> float:

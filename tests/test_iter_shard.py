@@ -179,8 +179,8 @@ def test_one_gib_shard_streams_in_bounded_memory(seaweed, s3_bucket, unique_pref
         config = StorageConfig.create(
             s3_base_url={seaweed.endpoint!r},
             region={seaweed.region!r},
-            access_key_id=os.environ["TEST_ACCESS_KEY_ID"],
-            secret_access_key=os.environ["TEST_SECRET_ACCESS_KEY"],
+            access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
+            secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"],
         )
         shard = ManifestShard.model_validate_json({shard.model_dump_json()!r})
         before = peak_rss_kib()
@@ -195,11 +195,7 @@ def test_one_gib_shard_streams_in_bounded_memory(seaweed, s3_bucket, unique_pref
         """
     )
     # The credentials go through the environment so that no failure output shows them.
-    env = dict(
-        os.environ,
-        TEST_ACCESS_KEY_ID=seaweed.access_key_id,
-        TEST_SECRET_ACCESS_KEY=seaweed.secret_access_key,
-    )
+    env = dict(os.environ, **seaweed.env())
     result = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env
     )

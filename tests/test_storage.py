@@ -353,8 +353,8 @@ def test_ctrl_c_interrupts_a_blocked_read(seaweed, fault_proxy, big_object):
         from syvain_training_data import storage
         signal.signal(signal.SIGINT, signal.default_int_handler)
         config = storage.StorageConfig.create(s3_base_url={fault_proxy.endpoint!r},
-            region={seaweed.region!r}, access_key_id=os.environ["TEST_ACCESS_KEY_ID"],
-            secret_access_key=os.environ["TEST_SECRET_ACCESS_KEY"])
+            region={seaweed.region!r}, access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
+            secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"])
         stream = storage.open_stream({uri!r}, size_bytes={info.size}, storage_config=config)
         print("reading", flush=True)
         try:
@@ -364,11 +364,7 @@ def test_ctrl_c_interrupts_a_blocked_read(seaweed, fault_proxy, big_object):
             sys.exit(7)
         """
     )
-    env = dict(
-        os.environ,
-        TEST_ACCESS_KEY_ID=seaweed.access_key_id,
-        TEST_SECRET_ACCESS_KEY=seaweed.secret_access_key,
-    )
+    env = dict(os.environ, **seaweed.env())
     child = subprocess.Popen(
         [sys.executable, "-c", script],
         stdout=subprocess.PIPE,
