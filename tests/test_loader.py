@@ -18,7 +18,8 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import get_worker_info  # noqa: E402
 
 from syvain_training_data import SyvainTrainingData  # noqa: E402
-from syvain_training_data.loader import ShardDataset, SplitDataLoader  # noqa: E402
+from syvain_training_data.loading.dataset import ShardDataset  # noqa: E402
+from syvain_training_data.loading.split_loader import SplitDataLoader  # noqa: E402
 
 SHARD_RECORDS = [5, 9, 3, 7, 4, 6, 8]  # 42 records in 7 shards
 
@@ -112,7 +113,7 @@ def test_lazy_export_keeps_torch_out_of_base_import():
     code = (
         "import sys, syvain_training_data as p; assert 'torch' not in sys.modules; "
         "from syvain_training_data import SplitDataLoader; assert 'torch' in sys.modules; "
-        "assert SplitDataLoader.__module__ == 'syvain_training_data.loader'"
+        "assert SplitDataLoader.__module__ == 'syvain_training_data.loading.split_loader'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -161,10 +162,8 @@ def test_manifest_is_read_once_at_construction(tmp_path):
 def test_workers_capped_and_worker_only_args_dropped(local_dataset):
     client, uri = local_dataset
     capped = client.split_data_loader(uri, as_list, {"num_workers": 50}).load("train", "easy")
-    assert capped.num_workers == 3
-    assert capped.dataset.shards == tuple(
-        capped.dataset.shards
-    )  # the selection itself is untouched
+    assert capped.num_workers == 17  # stage easy holds 5 + 9 + 3 records
+    assert [s.records for s in capped.dataset.shards] == [5, 9, 3]
     args = {
         "num_workers": 0,
         "persistent_workers": True,
@@ -179,7 +178,7 @@ def test_workers_capped_and_worker_only_args_dropped(local_dataset):
     assert keys(loader) == ALL_TRAIN
 
 
-def test_worker_partitioning_in_manifest_order(dataset):
+def test_workers_take_contiguous_record_ranges_in_manifest_order(dataset):
     client, uri = dataset
     loader = client.split_data_loader(
         uri, tag_worker, {"num_workers": 3, "batch_size": 2, "multiprocessing_context": "fork"}
@@ -187,10 +186,10 @@ def test_worker_partitioning_in_manifest_order(dataset):
     by_worker: dict[int, list[tuple[int, int]]] = {}
     for worker, batch in loader:
         by_worker.setdefault(worker, []).extend((r["shard"], r["i"]) for r in batch)
+    # 42 records: each worker reads 14 consecutive ones, across shard boundaries.
     for worker in range(3):
-        expected = [k for k in ALL_TRAIN if k[0] % 3 == worker]
-        assert by_worker[worker] == expected
-    assert ShardDataset.consumer_shards(loader.dataset, 1, 3) == [1, 4]
+        assert by_worker[worker] == ALL_TRAIN[14 * worker : 14 * (worker + 1)]
+    assert isinstance(loader.dataset, ShardDataset)
 
 
 def test_curriculum_union_keeps_stage_order_and_drops_repeats(local_dataset):
@@ -220,25 +219,30 @@ def test_exactly_once_across_ranks_and_workers(dataset, world_size, workers):
     parts = []
     for rank in range(world_size):
         part = keys(loader.load("train", rank=rank, world_size=world_size))
-        parts.append({s for s, _ in part})
+        parts.append(set(part))
         seen.extend(part)
     assert Counter(seen) == Counter(ALL_TRAIN)
     assert all(a.isdisjoint(b) for a in parts for b in parts if a is not b)
 
 
-def test_equal_batches_drops_the_uneven_tail(local_dataset):
+@pytest.mark.parametrize(("world_size", "workers"), [(3, 0), (4, 2), (8, 0)])
+def test_equal_batches_gives_every_rank_the_same_batches(local_dataset, world_size, workers):
     client, uri = local_dataset
-    loader = client.split_data_loader(uri, as_list, {"batch_size": 2})
+    args: dict[str, Any] = {"batch_size": 2, "num_workers": workers}
+    if workers:
+        args["multiprocessing_context"] = "fork"
+    loader = client.split_data_loader(uri, as_list, args)
     counts, seen = [], []
-    for rank in range(3):
-        dl = loader.load("train", rank=rank, world_size=3, equal_batches=True)
+    for rank in range(world_size):
+        dl = loader.load("train", rank=rank, world_size=world_size, equal_batches=True, seed=1)
         batches = list(dl)
         assert len(dl) == len(batches)
         counts.append(len(batches))
         seen.extend(keys(batches))
-    # rank parts: shards {0,3,6}=20, {1,4}=13, {2,5}=9 records -> 10, 7, 5 batches -> 5 each
-    assert counts == [5, 5, 5]
-    assert len(seen) == len(set(seen)) and set(seen) <= set(ALL_TRAIN)
+    assert len(set(counts)) == 1
+    # Fewer than world_size records are left out (42 records: 42 mod R).
+    assert len(seen) == len(set(seen)) == 42 - 42 % world_size
+    assert set(seen) <= set(ALL_TRAIN)
 
 
 def test_rank_and_world_size_validation(local_dataset):
@@ -265,7 +269,7 @@ def test_infinite_iter_cycles_epochs(local_dataset):
 def test_infinite_iter_raises_on_an_empty_epoch(local_dataset):
     client, uri = local_dataset
     loader = client.split_data_loader(uri, as_list)
-    endless = loader.load("val", infinite_iter=True, rank=1, world_size=2)
+    endless = loader.load("val", infinite_iter=True, rank=0, world_size=2)
     with pytest.raises(RuntimeError, match="^val split produced no batches$"):
         next(endless)
 
@@ -302,9 +306,10 @@ def test_start_methods_with_persistent_workers(request, store, context):
     dl = client.split_data_loader(uri, as_list, args).load("train", seed=5)
     epochs = [keys(dl), keys(dl)]
     assert all(sorted(epoch) == ALL_TRAIN for epoch in epochs)
-    reference = client.split_data_loader(uri, as_list, {"batch_size": 4}).load("train", seed=5)
+    same_topology = {"num_workers": 2, "batch_size": 4, "multiprocessing_context": "fork"}
+    reference = client.split_data_loader(uri, as_list, same_topology).load("train", seed=5)
     reference.set_epoch(1)
-    assert sorted(epochs[1], key=lambda k: k[0]) == sorted(keys(reference), key=lambda k: k[0])
+    assert epochs[1] == keys(reference) != epochs[0]
 
 
 def test_split_data_loader_type(local_dataset):
@@ -345,18 +350,21 @@ def test_resume_mid_epoch_loses_and_repeats_nothing(dataset, workers):
 def test_resume_does_not_download_finished_shards(local_dataset, workers, monkeypatch, tmp_path):
     """Shards a resumed pass has finished are never opened again (forked workers inherit the
     recording patch and append to a file)."""
-    import syvain_training_data.loader as loader_module
+    import syvain_training_data.loading.dataset as dataset_module
 
     client, uri = local_dataset
     opened = tmp_path / "opened.txt"
-    real_iter_shard = loader_module.iter_shard
+    real_iter_shard = dataset_module.iter_shard
 
-    def recording_iter_shard(data_format, shard, *, storage_config):
+    def recording_iter_shard(data_format, shard, *, storage_config, start=0, stop=None):
+        name = shard.uri.rsplit("-", 1)[-1].split(".")[0]
         with opened.open("a") as log:
-            log.write(shard.uri.rsplit("-", 1)[-1].split(".")[0] + "\n")
-        return real_iter_shard(data_format, shard, storage_config=storage_config)
+            log.write(f"{int(name)},{start},{shard.records if stop is None else stop}\n")
+        return real_iter_shard(
+            data_format, shard, storage_config=storage_config, start=start, stop=stop
+        )
 
-    monkeypatch.setattr(loader_module, "iter_shard", recording_iter_shard)
+    monkeypatch.setattr(dataset_module, "iter_shard", recording_iter_shard)
     args: dict[str, Any] = {"num_workers": workers, "batch_size": 1}
     if workers:
         args["multiprocessing_context"] = "fork"
@@ -364,8 +372,9 @@ def test_resume_does_not_download_finished_shards(local_dataset, workers, monkey
     first = loader.load("train", stateful=True)
     it = iter(first)
     # Without workers: shards 0 (5 records) and 1 (9) are done after 15 records. With two
-    # workers taking turns per batch, worker 0 reads shards 0, 2, 4, 6 (5, 3, 4, 8 records)
-    # and worker 1 shards 1, 3, 5 (9, 7, 6): after 10 records each, 0, 2 and 1 are done.
+    # workers taking turns per batch, worker 0 reads records 0-20 (shards 0, 1, 2 and 3's
+    # first 4) and worker 1 records 21-41 (shard 3's last 3, 4, 5, 6): after 10 records each,
+    # worker 0 finished shard 0 and is 5 into shard 1, worker 1 finished 3 and 4, 3 into 5.
     before = [next(it) for _ in range(15 if workers == 0 else 20)]
     state = first.state_dict()
     del it
@@ -374,8 +383,11 @@ def test_resume_does_not_download_finished_shards(local_dataset, workers, monkey
     resumed.load_state_dict(state)
     after = list(resumed)
     assert Counter(keys(before) + keys(after)) == Counter(ALL_TRAIN)
-    reopened = {int(name) for name in opened.read_text().split()}
-    assert reopened == ({2, 3, 4, 5, 6} if workers == 0 else {3, 4, 5, 6})
+    reopened = {tuple(map(int, line.split(","))) for line in opened.read_text().split()}
+    if workers == 0:
+        assert reopened == {(2, 1, 3), (3, 0, 7), (4, 0, 4), (5, 0, 6), (6, 0, 8)}
+    else:
+        assert reopened == {(1, 5, 9), (2, 0, 3), (3, 0, 4), (5, 3, 6), (6, 0, 8)}
 
 
 def test_torchdata_stateful_dataloader_accepts_the_dataset(local_dataset):
@@ -424,19 +436,19 @@ def test_ranks_from_a_real_gloo_group(local_dataset, tmp_path):
 
 
 def test_next_shard_is_requested_before_the_current_one_ends(local_dataset, monkeypatch):
-    import syvain_training_data.loader as loader_module
+    import syvain_training_data.loading.dataset as dataset_module
 
     client, uri = local_dataset
     events: list[str] = []
-    real_iter_shard = loader_module.iter_shard
+    real_iter_shard = dataset_module.iter_shard
 
-    def recording_iter_shard(data_format, shard, *, storage_config):
+    def recording_iter_shard(data_format, shard, *, storage_config, **bounds):
         name = shard.uri.rsplit("/", 1)[-1]
         events.append(f"open {name}")
-        yield from real_iter_shard(data_format, shard, storage_config=storage_config)
+        yield from real_iter_shard(data_format, shard, storage_config=storage_config, **bounds)
         events.append(f"end {name}")
 
-    monkeypatch.setattr(loader_module, "iter_shard", recording_iter_shard)
+    monkeypatch.setattr(dataset_module, "iter_shard", recording_iter_shard)
     dataset = client.split_data_loader(uri, as_list).load("train", "easy").dataset
     for _ in dataset:
         time.sleep(0.01)  # a slow consumer: the prefetch thread gets to run
@@ -534,8 +546,8 @@ def test_mixing_argument_errors(mix_dataset, local_dataset):
         loader.load("train", mixing_weights={"a": 1, "b": 0})
     with pytest.raises(ValueError, match="needs curriculum_stages"):
         loader.load("train", mixing_weights="metadata")
-    with pytest.raises(ValueError, match="all_exhausted"):
-        loader.load("train", mixing_weights={"a": 1, "b": 1}, equal_batches=True)
+    with pytest.raises(ValueError, match="mixing_stop must be one of"):
+        loader.load("train", mixing_weights={"a": 1, "b": 1}, mixing_stop="never")
     local_client, local_uri = local_dataset
     no_weights = local_client.split_data_loader(local_uri, as_list)
     with pytest.raises(ValueError, match="'easy' needs a positive finite weight, got None"):

@@ -24,7 +24,7 @@ from syvain_training_data.storage import StorageConfig
 if TYPE_CHECKING:
     # Imported lazily at run time (``__getattr__`` below); type checkers see the real classes.
     from syvain_training_data.errors import RepresentationIntegrityError
-    from syvain_training_data.loader import SplitDataLoader
+    from syvain_training_data.loading.split_loader import SplitDataLoader
     from syvain_training_data.representation import RepresentationExample
 
 __all__ = [
@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 _LAZY = {
-    "SplitDataLoader": "syvain_training_data.loader",
+    "SplitDataLoader": "syvain_training_data.loading.split_loader",
     "RepresentationExample": "syvain_training_data.representation",
     "RepresentationIntegrityError": "syvain_training_data.errors",
 }

@@ -17,7 +17,7 @@ from syvain_training_data.manifest import (
 from syvain_training_data.storage import StorageConfig, get_object, native_storage, put_object
 
 if TYPE_CHECKING:
-    from syvain_training_data.loader import SplitDataLoader
+    from syvain_training_data.loading.split_loader import SplitDataLoader
     from syvain_training_data.manifest import DataManifestDataFormat
     from syvain_training_data.representation import RepresentationExample
     from syvain_training_data.saver import DatasetSaver
@@ -131,7 +131,7 @@ class SyvainTrainingData:
         Raises ValueError for ``collate_fn`` inside ``dataloader_args`` or a negative
         ``num_workers``; the errors of :meth:`load_manifest`; ModuleNotFoundError without torch.
         """
-        from syvain_training_data.loader import SplitDataLoader
+        from syvain_training_data.loading.split_loader import SplitDataLoader
 
         return SplitDataLoader(
             self.load_manifest(manifest_uri),

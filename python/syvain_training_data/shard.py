@@ -23,6 +23,8 @@ def iter_shard(
     shard: ManifestShard,
     *,
     storage_config: StorageConfig | None = None,
+    start: int = 0,
+    stop: int | None = None,
 ) -> Generator[Mapping[str, Any]]:
     """Yields the records of ``shard`` in order, never more than ``shard.records``.
 
@@ -38,6 +40,13 @@ def iter_shard(
         raise ValueError(
             f"Unknown data format {data_format!r}; expected one of {', '.join(DATA_FORMATS)}"
         )
+    if start or (stop is not None and stop != shard.records):
+        import itertools
+
+        yield from itertools.islice(
+            iter_shard(data_format, shard, storage_config=storage_config), start, stop
+        )
+        return
     if data_format == "parquet":
         from syvain_training_data.formats.parquet import iter_parquet_shard
 

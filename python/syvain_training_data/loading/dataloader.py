@@ -1,0 +1,139 @@
+"""The torch DataLoader that ``SplitDataLoader.load`` returns: epochs, resume state, length.
+
+Its ``state_dict()`` is a few integers: the epoch, and for each interrupted run of that epoch its
+topology and the batches each rank had received. Any rank's state resumes every rank of a new
+run with any topology (:func:`~syvain_training_data.loading.plan.pass_level` turns it back into
+the records not yet consumed).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from syvain_training_data.loading import plan
+from syvain_training_data.loading.dataset import ShardDataset
+
+__all__ = ["SyvainDataLoader", "endless"]
+
+STATE_VERSION = 2
+# Interrupted runs one state can name: at 28 bytes each, far inside SPEC's 4 KiB.
+MAX_INTERRUPTS = 100
+
+
+class SyvainDataLoader(DataLoader[Any]):
+    """A torch DataLoader over a :class:`ShardDataset`. Each pass is the next epoch (0, 1, ...
+    unless :meth:`set_epoch` says otherwise); ``state_dict`` / ``load_state_dict`` follow
+    torchdata's protocol and resume on any number of ranks and workers and any batch size."""
+
+    dataset: ShardDataset
+
+    def __init__(self, dataset: ShardDataset, **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)
+        self._next_epoch = 0
+        self._resume: tuple[plan.Interrupt, ...] = ()
+        self._pass: dict[str, Any] | None = None
+        # The pass persistent workers run next if left alone (their dataset copies advance).
+        self._workers_next: tuple[int, tuple[plan.Interrupt, ...]] | None = None
+
+    @property
+    def _topology(self) -> plan.Topology:
+        return self.dataset.topology(self.num_workers)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch of the next pass (a pending resume is dropped)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        self._next_epoch, self._resume = epoch, ()
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        epoch, interrupts = self._next_epoch, self._resume
+        self._next_epoch, self._resume = epoch + 1, ()
+        self.dataset.set_epoch(epoch)
+        self.dataset.interrupts = interrupts
+        if self.persistent_workers and self._workers_next != (epoch, interrupts):
+            self._iterator = None  # the workers would run another pass: restart them
+        self._workers_next = (epoch + 1, ())
+        progress: dict[str, Any] = {
+            "epoch": epoch,
+            "interrupts": interrupts,
+            "batches": 0,
+            "finished": False,
+        }
+        self._pass = progress
+        return _counted(super().__iter__(), progress)
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the next pass."""
+        return self.dataset.rank_batches(self.num_workers, self._next_epoch, self._resume)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain JSON data of at most a few hundred bytes, holding no records."""
+        progress = self._pass
+        if progress is None:
+            epoch, interrupts = self._next_epoch, list(self._resume)
+        elif progress["finished"]:
+            epoch, interrupts = progress["epoch"] + 1, []
+        else:
+            epoch = progress["epoch"]
+            now = plan.Interrupt(self._topology, progress["batches"])
+            interrupts = [*progress["interrupts"], now]
+        if len(interrupts) > MAX_INTERRUPTS:
+            raise RuntimeError(
+                f"This epoch was interrupted more than {MAX_INTERRUPTS} times; "
+                "finish it before saving another state"
+            )
+        return {
+            "version": STATE_VERSION,
+            "selection": self.dataset.selection.fingerprint(),
+            "epoch": epoch,
+            "interrupts": [interrupt.to_json() for interrupt in interrupts],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Makes the next pass the rest of the epoch ``state`` was taken in, on this loader's
+        topology. Raises ValueError for a state of another version or selection."""
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            version = state.get("version") if isinstance(state, dict) else None
+            raise ValueError(f"Unsupported loader state version {version!r}")
+        if state.get("selection") != self.dataset.selection.fingerprint():
+            raise ValueError(
+                "This loader state was saved for another selection, seed, shuffle or mixing"
+            )
+        epoch = state["epoch"]
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"Invalid epoch in loader state: {epoch!r}")
+        interrupts = tuple(plan.Interrupt.from_json(i) for i in state["interrupts"])
+        if interrupts and self.dataset.level(epoch, interrupts).length == 0:
+            epoch, interrupts = epoch + 1, ()  # nothing of that epoch is left
+        self._next_epoch, self._resume = epoch, interrupts
+        self._pass = None
+        self._iterator = None
+
+
+def _counted(batches: Iterator[Any], progress: dict[str, Any]) -> Iterator[Any]:
+    # Counted as the training loop receives them: batches workers prefetched but the loop
+    # never took are not consumed.
+    for batch in batches:
+        progress["batches"] += 1
+        yield batch
+    progress["finished"] = True
+
+
+def endless(loader: SyvainDataLoader, split: str) -> Iterator[Any]:
+    """Epoch after epoch; RuntimeError("{split} split produced no batches") on an empty one."""
+    while True:
+        produced = False
+        for batch in loader:
+            produced = True
+            yield batch
+        if not produced:
+            raise RuntimeError(f"{split} split produced no batches")
+
+
+def state_size(state: dict[str, Any]) -> int:
+    """Bytes of ``state`` as compact JSON (SPEC: at most 4 KiB)."""
+    return len(json.dumps(state, separators=(",", ":")))

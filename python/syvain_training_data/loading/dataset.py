@@ -1,0 +1,194 @@
+"""`ShardDataset`: a torch IterableDataset that reads one consumer's part of each epoch.
+
+The dataset carries the selection as plain lists (URIs, sizes, record counts, etags), which
+pickle small and fast to spawned workers, and computes its part with the pure functions of
+:mod:`syvain_training_data.loading.plan`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from torch.utils.data import IterableDataset, get_worker_info
+
+from syvain_training_data.loading import plan
+from syvain_training_data.loading.reader import ShardRange, consumer_records
+from syvain_training_data.manifest import DataManifestDataFormat, ManifestShard
+from syvain_training_data.shard import iter_shard
+from syvain_training_data.storage import StorageConfig
+
+__all__ = ["ShardDataset", "ShardTable"]
+
+_WORKER_STATE_VERSION = 2
+
+
+class ShardTable:
+    """The selected shards as parallel lists (no model object per shard)."""
+
+    def __init__(self, shards: Sequence[ManifestShard]) -> None:
+        self.uris = [shard.uri for shard in shards]
+        self.records = [shard.records for shard in shards]
+        self.sizes = [shard.size_bytes for shard in shards]
+        self.etags = [shard.etag for shard in shards]
+
+    def __len__(self) -> int:
+        return len(self.uris)
+
+    def shard(self, index: int) -> ManifestShard:
+        return ManifestShard.model_construct(
+            uri=self.uris[index],
+            records=self.records[index],
+            size_bytes=self.sizes[index],
+            etag=self.etags[index],
+        )
+
+    def identity(self) -> str:
+        digest = hashlib.sha256()
+        for uri in self.uris:
+            digest.update(uri.encode())
+            digest.update(b"\0")
+        return digest.hexdigest()[:16]
+
+
+class ShardDataset(IterableDataset[Any]):
+    """An IterableDataset over a selection, split by rank and worker (SPEC section 6).
+
+    Each pass is one epoch (``set_epoch`` chooses it): this consumer's part of the epoch's order,
+    less what an interrupted run already consumed (``interrupts``, set by the loader's
+    ``load_state_dict``). Also implements torchdata's ``state_dict`` / ``load_state_dict`` per
+    worker, for a StatefulDataLoader built around it with an unchanged topology.
+    """
+
+    def __init__(
+        self,
+        data_format: DataManifestDataFormat,
+        table: ShardTable,
+        selection: plan.Selection,
+        stream_shards: Sequence[Sequence[int]],
+        *,
+        storage_config: StorageConfig,
+        rank: int,
+        world_size: int,
+        batch_size: int,
+        drop_last: bool,
+    ) -> None:
+        self.data_format = data_format
+        self.table = table
+        self.selection = selection
+        self.stream_shards = tuple(tuple(ids) for ids in stream_shards)
+        self.storage_config = storage_config
+        self.rank = rank
+        self.world_size = world_size
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.epoch = 0
+        self.interrupts: tuple[plan.Interrupt, ...] = ()
+        self._skip: dict[str, Any] | None = None
+        self._progress: dict[str, Any] | None = None
+
+    @property
+    def shards(self) -> tuple[ManifestShard, ...]:
+        """The selected shards, in selection order."""
+        return tuple(self.table.shard(i) for i in range(len(self.table)))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Chooses the epoch of the next pass (it seeds the shard and record order)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        self.epoch = epoch
+
+    def topology(self, workers: int) -> plan.Topology:
+        return plan.Topology(self.world_size, max(workers, 1), self.batch_size, self.drop_last)
+
+    def level(self, epoch: int, interrupts: Sequence[plan.Interrupt]) -> plan.Level:
+        length = plan.epoch_length(self.selection, epoch)
+        return plan.pass_level(self.selection, length, interrupts, self.world_size)
+
+    def rank_batches(self, workers: int, epoch: int, interrupts: Sequence[plan.Interrupt]) -> int:
+        """Batches this rank yields in a pass of ``epoch`` after ``interrupts``."""
+        level = self.level(epoch, interrupts)
+        return plan.rank_batches(level, self.topology(workers), self.rank)
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        epoch, interrupts, skip = self.epoch, self.interrupts, 0
+        if self._skip is not None:  # a torchdata worker state
+            epoch, interrupts = self._skip["epoch"], self._skip["interrupts"]
+            skip = self._skip["yielded"]
+            self._skip = None
+        # A persistent worker's copy advances one epoch per pass, like the loader.
+        self.epoch, self.interrupts = epoch + 1, ()
+        progress = {"epoch": epoch, "interrupts": interrupts, "yielded": skip}
+        self._progress = progress
+        return self._records(progress, worker, workers, skip)
+
+    def _records(
+        self, progress: dict[str, Any], worker: int, workers: int, skip: int
+    ) -> Iterator[Any]:
+        epoch, interrupts = progress["epoch"], progress["interrupts"]
+        level = self.level(epoch, interrupts)
+        intervals = plan.consumer_intervals(level, self.topology(workers), self.rank, worker, skip)
+        orders = self.selection.orders(epoch)
+        mixed = self.selection.mixed(epoch, orders)
+        records = consumer_records(orders, self.stream_shards, mixed, intervals, self._open)
+        for record in records:
+            progress["yielded"] += 1
+            yield record
+
+    def _open(self, shard_range: ShardRange) -> Iterator[Any]:
+        index, start, stop = shard_range
+        shard = self.table.shard(index)
+        if start == 0 and stop == shard.records:
+            # A whole shard reads exactly as iter_shard reads it.
+            return iter_shard(self.data_format, shard, storage_config=self.storage_config)
+        return iter_shard(
+            self.data_format, shard, storage_config=self.storage_config, start=start, stop=stop
+        )
+
+    # --- torchdata's per-worker protocol (same topology) ---------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this copy of the dataset is in its pass: epoch, the interrupted runs before
+        it, and the records it yielded. Positions only, never records."""
+        progress = self._progress
+        if progress is None:
+            return {"version": _WORKER_STATE_VERSION, "epoch": self.epoch, "started": False}
+        return {
+            "version": _WORKER_STATE_VERSION,
+            "selection": self.selection.fingerprint(),
+            "epoch": progress["epoch"],
+            "interrupts": [i.to_json() for i in progress["interrupts"]],
+            "yielded": progress["yielded"],
+            "started": True,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Makes the next pass continue where :meth:`state_dict` was taken, on the same
+        topology. Raises ValueError for a state of another version or selection."""
+        if state.get("version") != _WORKER_STATE_VERSION:
+            raise ValueError(f"Unsupported loader state version {state.get('version')!r}")
+        self._progress = None
+        if not state["started"]:
+            self._skip = None
+            self.epoch = state["epoch"]
+            return
+        if state.get("selection") != self.selection.fingerprint():
+            raise ValueError("This loader state was saved for another selection or seed")
+        self._skip = {
+            "epoch": state["epoch"],
+            "interrupts": tuple(plan.Interrupt.from_json(i) for i in state["interrupts"]),
+            "yielded": state["yielded"],
+        }
+
+
+def stream_tables(
+    shards: Sequence[ManifestShard], groups: Sequence[Sequence[int]]
+) -> tuple[ShardTable, tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
+    """(table, per stream its table indices, per stream its record counts)."""
+    table = ShardTable(shards)
+    ids = tuple(tuple(group) for group in groups)
+    counts = tuple(tuple(table.records[i] for i in group) for group in ids)
+    return table, ids, counts

@@ -1,0 +1,396 @@
+"""The epoch plan (SPEC section 6, v2): which records each consumer reads, as pure functions.
+
+No I/O and no torch. Everything here follows from the manifest's record counts, the seed, the
+epoch and the topology, so a consumer computes its own part alone and a checkpoint needs only a
+few integers.
+
+Terms:
+- *stream*: one sample space, the concatenation of its shards' records (the selection, or one
+  curriculum stage when stages are mixed).
+- *epoch order* of a stream: with a seed, its shards in a permutation drawn from (seed, epoch),
+  then its records shuffled inside *windows* of ``window`` consecutive records. Position p of
+  the order names one record; without a seed the order is the manifest's.
+- *mixed order*: several streams merged by a key per record, ``(i + phase_s) / share_s`` for the
+  stream's i-th record, so each stream keeps its share of every stretch of the order.
+- *level*: the positions a pass runs over. Level 0 is the whole epoch; a resume adds a level
+  that holds what the interrupted run had not consumed, in epoch order.
+- *consumer*: one (rank, worker). Ranks take contiguous parts of a level whose sizes differ by at
+  most one record; workers split their rank's part the same way.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import itertools
+import json
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "DEFAULT_WINDOW",
+    "Interrupt",
+    "Level",
+    "MixedOrder",
+    "Selection",
+    "StreamOrder",
+    "Topology",
+    "batch_count",
+    "consumer_intervals",
+    "pass_level",
+    "round_robin_taken",
+    "split_evenly",
+]
+
+# Records shuffled together when a seed is given and no window is: large enough to mix a few
+# shards of typical size, small enough that one window of decoded records fits any worker.
+DEFAULT_WINDOW = 8192
+MIX_STOPS = ("first_exhausted", "all_exhausted")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """How a pass is consumed: ranks, DataLoader workers per rank (0 workers is one consumer in
+    the training process, so ``workers`` is at least 1), batch size and ``drop_last``."""
+
+    world_size: int
+    workers: int
+    batch_size: int
+    drop_last: bool
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or self.workers < 1 or self.batch_size < 1:
+            raise ValueError(f"Invalid loader topology {self}")
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    """A pass stopped after every rank of ``topology`` received ``batches`` batches."""
+
+    topology: Topology
+    batches: int
+
+    def to_json(self) -> list[int]:
+        t = self.topology
+        return [t.world_size, t.workers, t.batch_size, int(t.drop_last), self.batches]
+
+    @classmethod
+    def from_json(cls, value: object) -> Interrupt:
+        if (
+            not isinstance(value, list)
+            or len(value) != 5
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            or value[3] not in (0, 1)
+            or value[4] < 0
+        ):
+            raise ValueError(f"Invalid loader state entry {value!r}")
+        world, workers, batch, drop, batches = value
+        return cls(Topology(world, workers, batch, bool(drop)), batches)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a loader reads and how it orders it: per stream, the record count of each of its
+    shards; mixing weights (None: one stream); the seed and shuffle window; equal batches.
+    ``identity`` names the shards themselves (a digest of their URIs), so a state saved for
+    one selection is refused by another."""
+
+    streams: tuple[tuple[int, ...], ...]
+    weights: tuple[float, ...] | None = None
+    mix_stop: str = "first_exhausted"
+    seed: int | None = None
+    window: int = 0
+    equal_batches: bool = False
+    identity: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.streams:
+            raise ValueError("A selection needs at least one stream")
+        if self.weights is not None and len(self.weights) != len(self.streams):
+            raise ValueError("One mixing weight per stream")
+        if self.mix_stop not in MIX_STOPS:
+            raise ValueError(f"mixing_stop must be one of {', '.join(MIX_STOPS)}")
+
+    def fingerprint(self) -> str:
+        """A short digest of everything that decides the epoch order."""
+        text = json.dumps(
+            [
+                "syvain-loader-plan-v2",
+                [list(counts) for counts in self.streams],
+                None if self.weights is None else [repr(w) for w in self.weights],
+                self.mix_stop,
+                self.seed,
+                self.window,
+                self.equal_batches,
+                self.identity,
+            ],
+            separators=(",", ":"),
+        )
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def orders(self, epoch: int) -> list[StreamOrder]:
+        return [
+            StreamOrder(counts, self.seed, epoch, number, self.window)
+            for number, counts in enumerate(self.streams)
+        ]
+
+    def mixed(self, epoch: int, orders: Sequence[StreamOrder]) -> MixedOrder | None:
+        if self.weights is None:
+            return None
+        return MixedOrder(
+            [order.total for order in orders], self.weights, self.mix_stop, self.seed, epoch
+        )
+
+
+def split_evenly(total: int, parts: int, index: int) -> tuple[int, int]:
+    """[start, stop) of part ``index`` of ``parts`` contiguous parts of ``total`` items; part
+    sizes differ by at most one."""
+    return total * index // parts, total * (index + 1) // parts
+
+
+def batch_count(records: int, batch_size: int, drop_last: bool) -> int:
+    return records // batch_size if drop_last else -(-records // batch_size)
+
+
+def _seeded(*parts: object) -> random.Random:
+    return random.Random(":".join(map(str, ("syvain-plan", *parts))))
+
+
+class StreamOrder:
+    """One stream's epoch order: shard permutation, record offsets, window permutations."""
+
+    def __init__(
+        self, counts: Sequence[int], seed: int | None, epoch: int, number: int, window: int
+    ) -> None:
+        self.counts = counts
+        self.seed, self.epoch, self.number = seed, epoch, number
+        shard_order = list(range(len(counts)))
+        if seed is not None:
+            _seeded(seed, epoch, number, "shards").shuffle(shard_order)
+        self.shard_order = shard_order
+        # offsets[k]: the first position of the k-th shard of the order.
+        self.offsets = [0, *itertools.accumulate(counts[i] for i in shard_order)]
+        self.total = self.offsets[-1]
+        self.window = window if seed is not None and window > 1 else 0
+
+    def window_bounds(self, window: int) -> tuple[int, int]:
+        start = window * self.window
+        return start, min(start + self.window, self.total)
+
+    def window_permutation(self, window: int) -> list[int]:
+        """Position offset inside window ``window`` -> record offset inside it."""
+        start, stop = self.window_bounds(window)
+        permutation = list(range(stop - start))
+        _seeded(self.seed, self.epoch, self.number, "window", window).shuffle(permutation)
+        return permutation
+
+    def segments(self, start: int, stop: int) -> list[tuple[int, int, int]]:
+        """The records [start, stop) of the unshuffled concatenation as (shard index in the
+        stream, first record, end record) pieces, in order."""
+        pieces = []
+        k = bisect.bisect_right(self.offsets, start) - 1
+        while start < stop:
+            shard_start, shard_stop = self.offsets[k], self.offsets[k + 1]
+            end = min(stop, shard_stop)
+            if end > start:
+                pieces.append((self.shard_order[k], start - shard_start, end - shard_start))
+            start = end
+            k += 1
+        return pieces
+
+
+class MixedOrder:
+    """Streams merged by the key ``((i + phase_s) / share_s, s)`` of stream s's i-th record.
+
+    Shares are the normalised weights and phases are drawn from (seed, epoch), so every stretch of
+    the mixed order holds each stream in proportion to its weight. ``first_exhausted`` ends the
+    order before the first key a stream cannot fill; ``all_exhausted`` keeps every record."""
+
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        weights: Sequence[float],
+        mix_stop: str,
+        seed: int | None,
+        epoch: int,
+    ) -> None:
+        total_weight = math.fsum(weights)
+        self.lengths = list(lengths)
+        self.shares = [weight / total_weight for weight in weights]
+        draw = _seeded(seed, epoch, "mix")
+        self.phases = [draw.random() for _ in lengths]
+        if mix_stop == "all_exhausted":
+            self.length = sum(self.lengths)
+            self._end: tuple[float, int] | None = None
+        else:
+            self._end = min((self.key(s, n), s) for s, n in enumerate(self.lengths))
+            self.length = sum(self._count_before(s, *self._end) for s in range(len(lengths)))
+
+    def key(self, stream: int, index: int) -> float:
+        return (index + self.phases[stream]) / self.shares[stream]
+
+    def _count_le(self, stream: int, value: float) -> int:
+        """How many of the stream's records have a key <= value (keys never decrease)."""
+        length = self.lengths[stream]
+        guess = math.floor(value * self.shares[stream] - self.phases[stream]) + 1
+        index = min(max(guess, 0), length)
+        while index > 0 and self.key(stream, index - 1) > value:
+            index -= 1
+        while index < length and self.key(stream, index) <= value:
+            index += 1
+        return index
+
+    def _count_before(self, stream: int, value: float, tie_stream: int) -> int:
+        """How many of the stream's records order before the key (value, tie_stream)."""
+        if stream < tie_stream:
+            return self._count_le(stream, value)
+        return self._count_le(stream, math.nextafter(value, -math.inf))
+
+    def prefix(self, position: int) -> list[int]:
+        """Per stream, how many of its records are among the first ``position`` mixed ones."""
+        if not 0 <= position <= self.length:
+            raise ValueError(f"Mixed position {position} outside [0, {self.length}]")
+        streams = range(len(self.lengths))
+        if position == 0:
+            return [0 for _ in streams]
+        if position == self.length:
+            if self._end is None:
+                return list(self.lengths)
+            return [self._count_before(s, *self._end) for s in streams]
+        # The smallest key value whose records with keys <= it number at least `position`.
+        low, high = -1.0, max(self.key(s, n) for s, n in enumerate(self.lengths))
+        while True:
+            middle = low + (high - low) / 2
+            if middle <= low or middle >= high:
+                break
+            if sum(self._count_le(s, middle) for s in streams) >= position:
+                high = middle
+            else:
+                low = middle
+        counts = [self._count_le(s, math.nextafter(high, -math.inf)) for s in streams]
+        missing = position - sum(counts)
+        for s in streams:  # records whose key equals `high` order by stream
+            take = min(missing, self._count_le(s, high) - counts[s])
+            counts[s] += take
+            missing -= take
+        return counts
+
+
+class Level:
+    """The positions of a pass, as ascending disjoint [start, stop) intervals of the epoch."""
+
+    def __init__(self, intervals: Sequence[tuple[int, int]]) -> None:
+        merged: list[tuple[int, int]] = []
+        for start, stop in intervals:
+            if stop <= start:
+                continue
+            if merged and merged[-1][1] == start:
+                merged[-1] = (merged[-1][0], stop)
+            else:
+                merged.append((start, stop))
+        self.intervals = merged
+        self.starts = [0, *itertools.accumulate(stop - start for start, stop in merged)]
+        self.length = self.starts[-1]
+
+    def slice(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """Epoch intervals of this level's positions [start, stop)."""
+        pieces = []
+        k = bisect.bisect_right(self.starts, start) - 1
+        while start < stop and k < len(self.intervals):
+            first, last = self.intervals[k]
+            offset = start - self.starts[k]
+            end = min(stop, self.starts[k + 1])
+            pieces.append((first + offset, first + offset + end - start))
+            start = end
+            k += 1
+        return pieces
+
+    def head(self, count: int) -> Level:
+        return Level(self.slice(0, count))
+
+
+def _worker_parts(level: Level, topology: Topology, rank: int) -> list[tuple[int, int]]:
+    """[start, stop) in level positions of each worker of ``rank``."""
+    rank_start, rank_stop = split_evenly(level.length, topology.world_size, rank)
+    parts = []
+    for worker in range(topology.workers):
+        start, stop = split_evenly(rank_stop - rank_start, topology.workers, worker)
+        parts.append((rank_start + start, rank_start + stop))
+    return parts
+
+
+def round_robin_taken(batches: Sequence[int], received: int) -> list[int]:
+    """Batches taken from each worker once ``received`` batches came out of a torch DataLoader
+    whose workers hold ``batches``: it takes one from each worker in turn, passing over
+    exhausted ones (in-order delivery). A rank with fewer batches gives all of them."""
+    taken = [0 for _ in batches]
+    active = [w for w, count in enumerate(batches) if count > 0]
+    while received > 0 and active:
+        rounds = min(min(batches[w] - taken[w] for w in active), received // len(active))
+        if rounds == 0:  # a last, partial round
+            for w in active[:received]:
+                taken[w] += 1
+            break
+        for w in active:
+            taken[w] += rounds
+        received -= rounds * len(active)
+        active = [w for w in active if taken[w] < batches[w]]
+    return taken
+
+
+def _balanced(level: Level, world_size: int, equal_batches: bool) -> Level:
+    # Equal batches: every rank gets the same number of records, so the same worker parts and
+    # batch counts; fewer than world_size records of the level are left out.
+    if not equal_batches:
+        return level
+    return level.head(level.length // world_size * world_size)
+
+
+def _unconsumed(level: Level, interrupt: Interrupt) -> Level:
+    topology = interrupt.topology
+    left: list[tuple[int, int]] = []
+    for rank in range(topology.world_size):
+        parts = _worker_parts(level, topology, rank)
+        sizes = [stop - start for start, stop in parts]
+        batches = [batch_count(n, topology.batch_size, topology.drop_last) for n in sizes]
+        taken = round_robin_taken(batches, interrupt.batches)
+        for (start, stop), count in zip(parts, taken, strict=True):
+            consumed = min(count * topology.batch_size, stop - start)
+            left.extend(level.slice(start + consumed, stop))
+    return Level(left)
+
+
+def pass_level(
+    selection: Selection, epoch_length: int, interrupts: Sequence[Interrupt], world_size: int
+) -> Level:
+    """The positions a pass of ``world_size`` ranks runs over: the epoch, less what each
+    earlier interrupted run of this epoch consumed."""
+    level = Level([(0, epoch_length)])
+    for interrupt in interrupts:
+        level = _balanced(level, interrupt.topology.world_size, selection.equal_batches)
+        level = _unconsumed(level, interrupt)
+    return _balanced(level, world_size, selection.equal_batches)
+
+
+def consumer_intervals(
+    level: Level, topology: Topology, rank: int, worker: int, skip: int = 0
+) -> list[tuple[int, int]]:
+    """Epoch intervals consumer (rank, worker) reads, in order, less its first ``skip``."""
+    start, stop = _worker_parts(level, topology, rank)[worker]
+    return level.slice(min(start + skip, stop), stop)
+
+
+def rank_batches(level: Level, topology: Topology, rank: int) -> int:
+    """Batches ``rank`` yields over ``level``."""
+    return sum(
+        batch_count(stop - start, topology.batch_size, topology.drop_last)
+        for start, stop in _worker_parts(level, topology, rank)
+    )
+
+
+def epoch_length(selection: Selection, epoch: int) -> int:
+    orders = selection.orders(epoch)
+    mixed = selection.mixed(epoch, orders)
+    return orders[0].total if mixed is None else mixed.length

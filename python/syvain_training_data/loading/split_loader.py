@@ -1,0 +1,300 @@
+"""`SplitDataLoader`: stream a manifest's splits into torch DataLoaders (SPEC section 6).
+
+The loader reads the manifest once, at construction. ``load`` selects shards (a split, one
+curriculum stage, a union of stages, or stages mixed by weight), builds the selection's plan
+(:mod:`syvain_training_data.loading.plan`) and returns a DataLoader whose dataset reads this
+rank's and worker's part of each epoch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+try:
+    import torch
+except ModuleNotFoundError as error:  # pragma: no cover - exercised without the extra
+    raise ModuleNotFoundError(
+        "SplitDataLoader needs PyTorch, the 'torch' extra: "
+        "pip install 'syvain-training-data[torch]'",
+        name=error.name,
+    ) from error
+
+from syvain_training_data.loading import plan
+from syvain_training_data.loading.dataloader import SyvainDataLoader, endless
+from syvain_training_data.loading.dataset import ShardDataset, stream_tables
+from syvain_training_data.manifest import DataManifest, ManifestShard
+from syvain_training_data.storage import StorageConfig
+
+__all__ = ["SplitDataLoader"]
+
+# Arguments that only mean something with worker processes.
+_WORKER_ONLY_ARGS = ("persistent_workers", "prefetch_factor", "multiprocessing_context")
+
+
+def _check_index(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    return value
+
+
+def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """(rank, world_size): given explicitly, else from an initialised torch.distributed."""
+    if (rank is None) != (world_size is None):
+        raise ValueError("Pass both rank and world_size, or neither")
+    if rank is None or world_size is None:
+        distributed = torch.distributed
+        if distributed.is_available() and distributed.is_initialized():
+            return distributed.get_rank(), distributed.get_world_size()
+        return 0, 1
+    rank = _check_index(rank, "rank")
+    world_size = _check_index(world_size, "world_size")
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    return rank, world_size
+
+
+class SplitDataLoader:
+    """Builds DataLoaders over one manifest's splits; see :meth:`load`.
+
+    Created by :meth:`SyvainTrainingData.split_data_loader`, which reads the manifest once.
+    """
+
+    def __init__(
+        self,
+        manifest: DataManifest,
+        collate_fn: Callable[[list[Any]], Any],
+        dataloader_args: Mapping[str, Any] | None = None,
+        *,
+        storage_config: StorageConfig | None = None,
+        manifest_uri: str | None = None,
+    ) -> None:
+        args = dict(dataloader_args or {})
+        if "collate_fn" in args:
+            raise ValueError("Pass collate_fn to split_data_loader, not dataloader_args")
+        for reserved in ("dataset", "sampler", "batch_sampler"):
+            if reserved in args:
+                raise ValueError(f"{reserved} cannot be set in dataloader_args")
+        workers = args.get("num_workers", 0)
+        if isinstance(workers, bool) or not isinstance(workers, int):
+            raise TypeError(f"num_workers must be an int, not {type(workers).__name__}")
+        if workers < 0:
+            raise ValueError(f"num_workers must not be negative, got {workers}")
+        self.manifest = manifest
+        self.manifest_uri = manifest_uri
+        self.collate_fn = collate_fn
+        self.dataloader_args = args
+        self.storage_config = storage_config or StorageConfig()
+
+    def select_shards(
+        self,
+        split: str,
+        curriculum_stage: str | None = None,
+        *,
+        curriculum_stages: Sequence[str] | None = None,
+    ) -> list[ManifestShard]:
+        """The shards ``load`` reads, in order. Raises the ValueErrors listed in :meth:`load`."""
+        return self._select(split, curriculum_stage, curriculum_stages)[0]
+
+    def _select(
+        self,
+        split: str,
+        curriculum_stage: str | None,
+        curriculum_stages: Sequence[str] | None,
+    ) -> tuple[list[ManifestShard], list[list[int]], list[str]]:
+        """(shards, per stage the indices of its shards, stage names): a shard listed by
+        several stages belongs to the first."""
+        entry = self.manifest.splits.get(split)
+        if entry is None:
+            available = ", ".join(sorted(self.manifest.splits))
+            raise ValueError(f"Unknown split {split!r}; available splits: {available}")
+        if curriculum_stage is not None and curriculum_stages is not None:
+            raise ValueError("Pass curriculum_stage or curriculum_stages, not both")
+        if curriculum_stages is None:
+            if curriculum_stage is None:
+                return list(entry.shards), [list(range(len(entry.shards)))], []
+            stages = [curriculum_stage]
+        else:
+            if isinstance(curriculum_stages, str):
+                raise ValueError(
+                    "curriculum_stages must be a sequence of stage names, not a str "
+                    f"({curriculum_stages!r}); use curriculum_stage for one stage"
+                )
+            stages = list(curriculum_stages)
+            if not stages:
+                raise ValueError("curriculum_stages must not be empty")
+            repeated = sorted({stage for stage in stages if stages.count(stage) > 1})
+            if repeated:
+                raise ValueError(f"Duplicate curriculum stages: {', '.join(repeated)}")
+        selected: list[ManifestShard] = []
+        groups: list[list[int]] = []
+        seen: set[str] = set()
+        for stage in stages:
+            found = entry.curriculum.get(stage)
+            if found is None:
+                available = ", ".join(sorted(entry.curriculum)) or "(none)"
+                raise ValueError(
+                    f"Unknown curriculum stage {stage!r} in split {split!r}; "
+                    f"available stages: {available}"
+                )
+            group = []
+            for shard in found.shards:
+                if shard.uri not in seen:
+                    seen.add(shard.uri)
+                    group.append(len(selected))
+                    selected.append(shard)
+            groups.append(group)
+        return selected, groups, stages
+
+    def _mixing_weights(
+        self,
+        split: str,
+        stages: list[str],
+        mixing_weights: Mapping[str, float] | str,
+    ) -> list[float]:
+        entry = self.manifest.splits[split]
+        if isinstance(mixing_weights, str):
+            if mixing_weights != "metadata":
+                raise ValueError(
+                    f"mixing_weights must be a mapping or 'metadata', not {mixing_weights!r}"
+                )
+            raw = {stage: entry.curriculum[stage].metadata.get("weight") for stage in stages}
+        else:
+            if set(mixing_weights) != set(stages):
+                raise ValueError(
+                    "mixing_weights must name exactly the stages mixed "
+                    f"({', '.join(stages)}), got {', '.join(map(str, mixing_weights))}"
+                )
+            raw = dict(mixing_weights)
+        weights = []
+        for stage in stages:
+            weight = raw[stage]
+            if (
+                isinstance(weight, bool)
+                or not isinstance(weight, int | float)
+                or not math.isfinite(weight)
+                or weight <= 0
+            ):
+                raise ValueError(
+                    f"Curriculum stage {stage!r} needs a positive finite weight, got {weight!r}"
+                )
+            weights.append(float(weight))
+        return weights
+
+    def load(
+        self,
+        split: str,
+        curriculum_stage: str | None = None,
+        infinite_iter: bool = False,
+        *,
+        curriculum_stages: Sequence[str] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        equal_batches: bool = False,
+        seed: int | None = None,
+        shuffle_buffer: int | None = None,
+        stateful: bool = False,
+        mixing_weights: Mapping[str, float] | str | None = None,
+        mixing_stop: str = "first_exhausted",
+    ) -> Any:
+        """A DataLoader over ``split`` (or one stage, or a union of stages kept in stage order
+        without repeated shard URIs); with ``infinite_iter``, an endless iterator of batches.
+
+        Work is split by records (SPEC section 6, v2): the selection is one sample space;
+        each epoch has an order that depends only on (selection, seed, epoch); rank r of R
+        takes a contiguous part of it and its workers split that part, part sizes differing by
+        at most one record. Each consumer reads contiguous record ranges of shards.
+
+        Options (defaults keep SPEC section 6 behaviour):
+          rank, world_size: this process's part; default from an initialised
+            torch.distributed, else (0, 1). Every record is read exactly once per epoch across
+            ranks and workers.
+          equal_batches: every rank yields the same number of batches; fewer than world_size
+            records of the epoch are left out (the last ones of the epoch's order).
+          seed: shuffle, deterministic in (seed, epoch): the shard order is permuted and
+            records are shuffled within windows of ``shuffle_buffer`` consecutive records
+            (default 8192; 0 or 1: shard order only). A worker holds one window of records.
+          mixing_weights: curriculum mixing instead of the union: a mapping stage -> weight
+            (its keys are the stages when ``curriculum_stages`` is not given), or "metadata"
+            for each stage's ``weight`` metadata. Each stage keeps its share of every stretch
+            of the epoch's order; the order is then split across ranks and workers like any
+            other.
+          mixing_stop: "first_exhausted" (default): the epoch ends where the first stage runs
+            out, so the proportions hold throughout; "all_exhausted": exhausted stages leave
+            the mix and every record is read once per epoch.
+          stateful: kept for compatibility; every loader this returns has ``state_dict()`` /
+            ``load_state_dict()`` (torchdata's protocol), resuming exactly on any number of
+            ranks, workers and any batch size.
+
+        Raises:
+            ValueError: unknown split ("Unknown split 'x'; available splits: a, b") or stage
+                ("... available stages: ..."), both stage arguments, ``curriculum_stages`` a
+                str, empty or with duplicates; bad rank/world_size; a shard on another store
+                than the manifest without ``allow_mixed_schemes``.
+            RuntimeError: with ``infinite_iter``, "{split} split produced no batches" when an
+                epoch yields none.
+        """
+        del stateful  # every loader is stateful
+        if (
+            mixing_weights is not None
+            and curriculum_stages is None
+            and curriculum_stage is None
+            and isinstance(mixing_weights, Mapping)
+        ):
+            curriculum_stages = list(mixing_weights)
+        shards, groups, stages = self._select(split, curriculum_stage, curriculum_stages)
+        weights = None
+        if mixing_weights is not None:
+            if curriculum_stages is None:
+                raise ValueError("mixing_weights needs curriculum_stages (the stages to mix)")
+            if mixing_stop not in plan.MIX_STOPS:
+                raise ValueError(f"mixing_stop must be one of {', '.join(plan.MIX_STOPS)}")
+            weights = tuple(self._mixing_weights(split, stages, mixing_weights))
+        else:
+            groups = [list(range(len(shards)))]
+        rank, world_size = _resolve_ranks(rank, world_size)
+        if seed is not None:
+            seed = _check_index(seed, "seed")
+        window = plan.DEFAULT_WINDOW if shuffle_buffer is None else shuffle_buffer
+        window = _check_index(window, "shuffle_buffer")
+        if window < 0:
+            raise ValueError(f"shuffle_buffer must not be negative, got {window}")
+        args = dict(self.dataloader_args)
+        batch_size = args.get("batch_size", 1)
+        drop_last = bool(args.get("drop_last", False)) and batch_size is not None
+        table, stream_shards, counts = stream_tables(shards, groups)
+        selection = plan.Selection(
+            streams=counts,
+            weights=weights,
+            mix_stop=mixing_stop,
+            seed=seed,
+            window=window if seed is not None else 0,
+            equal_batches=equal_batches,
+            identity=table.identity(),
+        )
+        # A worker beyond a rank's records would only idle.
+        workers = min(args.get("num_workers", 0), sum(table.records) // world_size)
+        args["num_workers"] = workers
+        if workers == 0:
+            for name in _WORKER_ONLY_ARGS:
+                args.pop(name, None)
+            if args.get("timeout", 0) > 0:
+                args.pop("timeout")
+        dataset = ShardDataset(
+            self.manifest.data_format,
+            table,
+            selection,
+            stream_shards,
+            storage_config=self.storage_config,
+            rank=rank,
+            world_size=world_size,
+            batch_size=1 if batch_size is None else batch_size,
+            drop_last=drop_last,
+        )
+        loader = SyvainDataLoader(dataset, collate_fn=self.collate_fn, **args)
+        if infinite_iter:
+            return endless(loader, split)
+        return loader
