@@ -2,7 +2,7 @@
 
 Its ``state_dict()`` is a few integers: the epoch, and for each interrupted run of that epoch its
 topology and the batches each rank had received. Any rank's state resumes every rank of a new
-run with any topology (:func:`~syvain_training_data.loading.plan.pass_level` turns it back into
+run with any topology (:func:`~syvain_training_data.loading.plan.run_layout` turns it back into
 the records not yet consumed).
 """
 
@@ -107,7 +107,7 @@ class SyvainDataLoader(DataLoader[Any]):
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"Invalid epoch in loader state: {epoch!r}")
         interrupts = tuple(plan.Interrupt.from_json(i) for i in state["interrupts"])
-        if interrupts and self.dataset.level(epoch, interrupts).length == 0:
+        if interrupts and self.dataset.left_in_epoch(self.num_workers, epoch, interrupts) == 0:
             epoch, interrupts = epoch + 1, ()  # nothing of that epoch is left
         self._next_epoch, self._resume = epoch, interrupts
         self._pass = None

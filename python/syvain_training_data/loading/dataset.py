@@ -102,14 +102,16 @@ class ShardDataset(IterableDataset[Any]):
     def topology(self, workers: int) -> plan.Topology:
         return plan.Topology(self.world_size, max(workers, 1), self.batch_size, self.drop_last)
 
-    def level(self, epoch: int, interrupts: Sequence[plan.Interrupt]) -> plan.Level:
+    def left_in_epoch(self, workers: int, epoch: int, interrupts: Sequence[plan.Interrupt]) -> int:
+        """Records all ranks read in a pass of ``epoch`` after ``interrupts``."""
         length = plan.epoch_length(self.selection, epoch)
-        return plan.pass_level(self.selection, length, interrupts, self.world_size)
+        return plan.left_in_epoch(self.selection, length, interrupts, self.topology(workers))
 
     def rank_batches(self, workers: int, epoch: int, interrupts: Sequence[plan.Interrupt]) -> int:
         """Batches this rank yields in a pass of ``epoch`` after ``interrupts``."""
-        level = self.level(epoch, interrupts)
-        return plan.rank_batches(level, self.topology(workers), self.rank)
+        length = plan.epoch_length(self.selection, epoch)
+        topology = self.topology(workers)
+        return plan.rank_batches(self.selection, length, interrupts, topology, self.rank)
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
@@ -129,8 +131,11 @@ class ShardDataset(IterableDataset[Any]):
         self, progress: dict[str, Any], worker: int, workers: int, skip: int
     ) -> Iterator[Any]:
         epoch, interrupts = progress["epoch"], progress["interrupts"]
-        level = self.level(epoch, interrupts)
-        intervals = plan.consumer_intervals(level, self.topology(workers), self.rank, worker, skip)
+        length = plan.epoch_length(self.selection, epoch)
+        part = plan.consumer_part(
+            self.selection, length, interrupts, self.topology(workers), self.rank, worker
+        )
+        intervals = plan.Level(part).slice(skip, length)
         orders = self.selection.orders(epoch)
         mixed = self.selection.mixed(epoch, orders)
         records = consumer_records(orders, self.stream_shards, mixed, intervals, self._open)

@@ -38,8 +38,10 @@ __all__ = [
     "StreamOrder",
     "Topology",
     "batch_count",
-    "consumer_intervals",
-    "pass_level",
+    "consumer_part",
+    "left_in_epoch",
+    "run_layout",
+    "rank_batches",
     "round_robin_taken",
     "split_evenly",
 ]
@@ -348,46 +350,118 @@ def _balanced(level: Level, world_size: int, equal_batches: bool) -> Level:
     return level.head(level.length // world_size * world_size)
 
 
-def _unconsumed(level: Level, interrupt: Interrupt) -> Level:
+# Per rank, per worker: the epoch intervals that consumer reads in a run.
+Layout = list[list[list[tuple[int, int]]]]
+
+
+def _length(intervals: Sequence[tuple[int, int]]) -> int:
+    return sum(stop - start for start, stop in intervals)
+
+
+def _unread(
+    parts: list[list[tuple[int, int]]], interrupt: Interrupt
+) -> list[list[tuple[int, int]]]:
+    """Per worker, what is left of its part once its rank received ``interrupt.batches``."""
     topology = interrupt.topology
-    left: list[tuple[int, int]] = []
-    for rank in range(topology.world_size):
-        parts = _worker_parts(level, topology, rank)
-        sizes = [stop - start for start, stop in parts]
-        batches = [batch_count(n, topology.batch_size, topology.drop_last) for n in sizes]
-        taken = round_robin_taken(batches, interrupt.batches)
-        for (start, stop), count in zip(parts, taken, strict=True):
-            consumed = min(count * topology.batch_size, stop - start)
-            left.extend(level.slice(start + consumed, stop))
-    return Level(left)
+    sizes = [_length(part) for part in parts]
+    batches = [batch_count(n, topology.batch_size, topology.drop_last) for n in sizes]
+    taken = round_robin_taken(batches, interrupt.batches)
+    return [
+        Level(part).slice(min(count * topology.batch_size, size), size)
+        for part, size, count in zip(parts, sizes, taken, strict=True)
+    ]
 
 
-def pass_level(
-    selection: Selection, epoch_length: int, interrupts: Sequence[Interrupt], world_size: int
-) -> Level:
-    """The positions a pass of ``world_size`` ranks runs over: the epoch, less what each
-    earlier interrupted run of this epoch consumed."""
+def _next_turn(batches: Sequence[int], received: int) -> int:
+    """The worker whose turn comes after ``received`` batches (see round_robin_taken)."""
+    taken = [0 for _ in batches]
+    active = [w for w, count in enumerate(batches) if count > 0]
+    last = -1
+    while received > 0 and active:
+        rounds = min(min(batches[w] - taken[w] for w in active), received // len(active))
+        if rounds == 0:
+            last = active[received - 1]
+            break
+        for w in active:
+            taken[w] += rounds
+        received -= rounds * len(active)
+        last = active[-1]
+        active = [w for w in active if taken[w] < batches[w]]
+    return (last + 1) % len(batches)
+
+
+def _continued(
+    parts: list[list[tuple[int, int]]], interrupt: Interrupt
+) -> list[list[tuple[int, int]]]:
+    """The same topology again: each worker takes one old worker's unread rest, rotated so the
+    DataLoader's first turn goes to the worker whose turn was next: record for record the
+    uninterrupted run."""
+    topology = interrupt.topology
+    batches = [
+        batch_count(_length(part), topology.batch_size, topology.drop_last) for part in parts
+    ]
+    turn = _next_turn(batches, interrupt.batches)
+    rest = _unread(parts, interrupt)
+    return [rest[(worker + turn) % topology.workers] for worker in range(topology.workers)]
+
+
+def run_layout(
+    selection: Selection, epoch_length: int, interrupts: Sequence[Interrupt], topology: Topology
+) -> Layout:
+    """Who reads what in a run of ``topology`` after the ``interrupts`` of this epoch.
+
+    A run on a new topology splits what is left evenly (ranks, then workers, in epoch order);
+    a run on the interrupted run's topology continues it exactly."""
+    topologies = [interrupt.topology for interrupt in interrupts] + [topology]
     level = Level([(0, epoch_length)])
-    for interrupt in interrupts:
-        level = _balanced(level, interrupt.topology.world_size, selection.equal_batches)
-        level = _unconsumed(level, interrupt)
-    return _balanced(level, world_size, selection.equal_batches)
+    layout: Layout = []
+    for index, current in enumerate(topologies):
+        if index > 0 and current == topologies[index - 1]:
+            layout = [_continued(parts, interrupts[index - 1]) for parts in layout]
+            continue
+        if index > 0:
+            previous = interrupts[index - 1]
+            level = Level(
+                [i for parts in layout for rest in _unread(parts, previous) for i in rest]
+            )
+        level = _balanced(level, current.world_size, selection.equal_batches)
+        layout = [
+            [level.slice(start, stop) for start, stop in _worker_parts(level, current, rank)]
+            for rank in range(current.world_size)
+        ]
+    return layout
 
 
-def consumer_intervals(
-    level: Level, topology: Topology, rank: int, worker: int, skip: int = 0
+def consumer_part(
+    selection: Selection,
+    epoch_length: int,
+    interrupts: Sequence[Interrupt],
+    topology: Topology,
+    rank: int,
+    worker: int,
 ) -> list[tuple[int, int]]:
-    """Epoch intervals consumer (rank, worker) reads, in order, less its first ``skip``."""
-    start, stop = _worker_parts(level, topology, rank)[worker]
-    return level.slice(min(start + skip, stop), stop)
+    """Epoch intervals consumer (rank, worker) reads in a run after ``interrupts``."""
+    return run_layout(selection, epoch_length, interrupts, topology)[rank][worker]
 
 
-def rank_batches(level: Level, topology: Topology, rank: int) -> int:
-    """Batches ``rank`` yields over ``level``."""
-    return sum(
-        batch_count(stop - start, topology.batch_size, topology.drop_last)
-        for start, stop in _worker_parts(level, topology, rank)
-    )
+def rank_batches(
+    selection: Selection,
+    epoch_length: int,
+    interrupts: Sequence[Interrupt],
+    topology: Topology,
+    rank: int,
+) -> int:
+    """Batches ``rank`` yields in a run after ``interrupts``."""
+    parts = run_layout(selection, epoch_length, interrupts, topology)[rank]
+    return sum(batch_count(_length(p), topology.batch_size, topology.drop_last) for p in parts)
+
+
+def left_in_epoch(
+    selection: Selection, epoch_length: int, interrupts: Sequence[Interrupt], topology: Topology
+) -> int:
+    """Records a run of ``topology`` after ``interrupts`` reads, over all its consumers."""
+    layout = run_layout(selection, epoch_length, interrupts, topology)
+    return sum(_length(part) for parts in layout for part in parts)
 
 
 def epoch_length(selection: Selection, epoch: int) -> int:
