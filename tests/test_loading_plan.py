@@ -35,11 +35,7 @@ small_topology = st.builds(
 def epoch_positions(selection: plan.Selection, epoch: int) -> list[tuple[int, int]]:
     """Every position of the epoch as (shard, record), in epoch order (single stream)."""
     order = selection.orders(epoch)[0]
-    base = [
-        (order.shard_order[k], record)
-        for k in range(len(order.shard_order))
-        for record in range(selection.streams[0][order.shard_order[k]])
-    ]
+    base = [(shard, r) for shard, a, b in order.segments(0, order.total) for r in range(a, b)]
     if not order.window:
         return base
     out = []
@@ -53,7 +49,7 @@ def consumers(
     selection: plan.Selection, total: int, topology: plan.Topology
 ) -> list[list[tuple[int, int]]]:
     layout = plan.run_layout(selection, total, (), topology)
-    return [part for parts in layout for part in parts]
+    return [part for rank in sorted(layout) for part in layout[rank]]
 
 
 def positions(intervals: list[tuple[int, int]]) -> list[int]:
@@ -201,3 +197,14 @@ def test_one_shard_feeds_64_ranks_of_8_workers():
     topology = plan.Topology(64, 8, 4, False)
     sizes = [len(positions(part)) for part in consumers(selection, 1000, topology)]
     assert sum(sizes) == 1000 and max(sizes) - min(sizes) <= 1 and min(sizes) == 1
+
+
+def test_shards_are_permuted_in_groups_and_still_once(monkeypatch):
+    monkeypatch.setattr(plan, "SHARD_GROUP", 3)
+    counts = (4, 1, 7, 2, 9, 3, 5, 6)
+    selection = plan.Selection(streams=(counts,), seed=4, window=5)
+    first = epoch_positions(selection, 0)
+    assert sorted(first) == sorted((s, r) for s, n in enumerate(counts) for r in range(n))
+    assert first != epoch_positions(selection, 1)
+    order = selection.orders(0)[0]
+    assert len(order.group_order) == 3

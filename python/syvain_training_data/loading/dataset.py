@@ -137,7 +137,7 @@ class ShardDataset(IterableDataset[Any]):
         )
         intervals = plan.Level(part).slice(skip, length)
         orders = self.selection.orders(epoch)
-        mixed = self.selection.mixed(epoch, orders)
+        mixed = self.selection.mixed(epoch)
         records = consumer_records(orders, self.stream_shards, mixed, intervals, self._open)
         for record in records:
             progress["yielded"] += 1

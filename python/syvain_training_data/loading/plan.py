@@ -20,6 +20,7 @@ Terms:
 
 from __future__ import annotations
 
+import array
 import bisect
 import hashlib
 import itertools
@@ -49,6 +50,8 @@ __all__ = [
 # Records shuffled together when a seed is given and no window is: large enough to mix a few
 # shards of typical size, small enough that one window of decoded records fits any worker.
 DEFAULT_WINDOW = 8192
+# Shards permuted as one group (see StreamOrder).
+SHARD_GROUP = 4096
 MIX_STOPS = ("first_exhausted", "all_exhausted")
 
 
@@ -117,10 +120,14 @@ class Selection:
 
     def fingerprint(self) -> str:
         """A short digest of everything that decides the epoch order."""
+        digest = hashlib.sha256()
+        for counts in self.streams:
+            digest.update(array.array("q", counts).tobytes())
+            digest.update(b"/")
         text = json.dumps(
             [
                 "syvain-loader-plan-v2",
-                [list(counts) for counts in self.streams],
+                digest.hexdigest(),
                 None if self.weights is None else [repr(w) for w in self.weights],
                 self.mix_stop,
                 self.seed,
@@ -138,12 +145,13 @@ class Selection:
             for number, counts in enumerate(self.streams)
         ]
 
-    def mixed(self, epoch: int, orders: Sequence[StreamOrder]) -> MixedOrder | None:
+    def totals(self) -> list[int]:
+        return [sum(counts) for counts in self.streams]
+
+    def mixed(self, epoch: int) -> MixedOrder | None:
         if self.weights is None:
             return None
-        return MixedOrder(
-            [order.total for order in orders], self.weights, self.mix_stop, self.seed, epoch
-        )
+        return MixedOrder(self.totals(), self.weights, self.mix_stop, self.seed, epoch)
 
 
 def split_evenly(total: int, parts: int, index: int) -> tuple[int, int]:
@@ -161,21 +169,41 @@ def _seeded(*parts: object) -> random.Random:
 
 
 class StreamOrder:
-    """One stream's epoch order: shard permutation, record offsets, window permutations."""
+    """One stream's epoch order: shard permutation, record offsets, window permutations.
+
+    Shards are permuted in two levels so that a consumer's part costs time in proportion to
+    the shards it reads, not to the whole manifest: groups of ``SHARD_GROUP`` consecutive
+    shards are permuted, then the shards inside each group (a manifest of up to
+    ``SHARD_GROUP`` shards gets one plain permutation)."""
 
     def __init__(
         self, counts: Sequence[int], seed: int | None, epoch: int, number: int, window: int
     ) -> None:
         self.counts = counts
         self.seed, self.epoch, self.number = seed, epoch, number
-        shard_order = list(range(len(counts)))
+        groups = -(-len(counts) // SHARD_GROUP)
+        # Summed in C, one slice per group: the only pass over every shard.
+        totals = [sum(counts[g * SHARD_GROUP : (g + 1) * SHARD_GROUP]) for g in range(groups)]
+        self.group_order = list(range(groups))
         if seed is not None:
-            _seeded(seed, epoch, number, "shards").shuffle(shard_order)
-        self.shard_order = shard_order
-        # offsets[k]: the first position of the k-th shard of the order.
-        self.offsets = [0, *itertools.accumulate(counts[i] for i in shard_order)]
-        self.total = self.offsets[-1]
+            _seeded(seed, epoch, number, "groups").shuffle(self.group_order)
+        self.group_offsets = [0, *itertools.accumulate(totals[g] for g in self.group_order)]
+        self.total = self.group_offsets[-1]
         self.window = window if seed is not None and window > 1 else 0
+        self._groups: dict[int, tuple[list[int], list[int]]] = {}
+
+    def _group(self, group: int) -> tuple[list[int], list[int]]:
+        """(shard indices of a group in epoch order, their record offsets in the group)."""
+        found = self._groups.get(group)
+        if found is None:
+            shards = list(
+                range(group * SHARD_GROUP, min((group + 1) * SHARD_GROUP, len(self.counts)))
+            )
+            if self.seed is not None:
+                _seeded(self.seed, self.epoch, self.number, "group", group).shuffle(shards)
+            offsets = [0, *itertools.accumulate(self.counts[i] for i in shards)]
+            found = self._groups[group] = (shards, offsets)
+        return found
 
     def window_bounds(self, window: int) -> tuple[int, int]:
         start = window * self.window
@@ -192,14 +220,19 @@ class StreamOrder:
         """The records [start, stop) of the unshuffled concatenation as (shard index in the
         stream, first record, end record) pieces, in order."""
         pieces = []
-        k = bisect.bisect_right(self.offsets, start) - 1
+        g = bisect.bisect_right(self.group_offsets, start) - 1
         while start < stop:
-            shard_start, shard_stop = self.offsets[k], self.offsets[k + 1]
-            end = min(stop, shard_stop)
-            if end > start:
-                pieces.append((self.shard_order[k], start - shard_start, end - shard_start))
-            start = end
-            k += 1
+            group_start = self.group_offsets[g]
+            shards, offsets = self._group(self.group_order[g])
+            k = bisect.bisect_right(offsets, start - group_start) - 1
+            while start < stop and k < len(shards):
+                shard_start = group_start + offsets[k]
+                end = min(stop, group_start + offsets[k + 1])
+                if end > start:
+                    pieces.append((shards[k], start - shard_start, end - shard_start))
+                start = end
+                k += 1
+            g += 1
         return pieces
 
 
@@ -351,7 +384,7 @@ def _balanced(level: Level, world_size: int, equal_batches: bool) -> Level:
 
 
 # Per rank, per worker: the epoch intervals that consumer reads in a run.
-Layout = list[list[list[tuple[int, int]]]]
+Layout = dict[int, list[list[tuple[int, int]]]]
 
 
 def _length(intervals: Sequence[tuple[int, int]]) -> int:
@@ -406,29 +439,36 @@ def _continued(
 
 
 def run_layout(
-    selection: Selection, epoch_length: int, interrupts: Sequence[Interrupt], topology: Topology
+    selection: Selection,
+    epoch_length: int,
+    interrupts: Sequence[Interrupt],
+    topology: Topology,
+    rank: int | None = None,
 ) -> Layout:
-    """Who reads what in a run of ``topology`` after the ``interrupts`` of this epoch.
+    """Who reads what in a run of ``topology`` after the ``interrupts`` of this epoch (only
+    ``rank``'s part of the run itself when given; earlier runs are laid out whole).
 
     A run on a new topology splits what is left evenly (ranks, then workers, in epoch order);
     a run on the interrupted run's topology continues it exactly."""
     topologies = [interrupt.topology for interrupt in interrupts] + [topology]
     level = Level([(0, epoch_length)])
-    layout: Layout = []
+    layout: Layout = {}
     for index, current in enumerate(topologies):
+        final = index == len(interrupts)
+        ranks = [rank] if final and rank is not None else range(current.world_size)
         if index > 0 and current == topologies[index - 1]:
-            layout = [_continued(parts, interrupts[index - 1]) for parts in layout]
+            layout = {r: _continued(layout[r], interrupts[index - 1]) for r in ranks}
             continue
         if index > 0:
             previous = interrupts[index - 1]
             level = Level(
-                [i for parts in layout for rest in _unread(parts, previous) for i in rest]
+                [i for parts in layout.values() for rest in _unread(parts, previous) for i in rest]
             )
         level = _balanced(level, current.world_size, selection.equal_batches)
-        layout = [
-            [level.slice(start, stop) for start, stop in _worker_parts(level, current, rank)]
-            for rank in range(current.world_size)
-        ]
+        layout = {
+            r: [level.slice(start, stop) for start, stop in _worker_parts(level, current, r)]
+            for r in ranks
+        }
     return layout
 
 
@@ -441,7 +481,7 @@ def consumer_part(
     worker: int,
 ) -> list[tuple[int, int]]:
     """Epoch intervals consumer (rank, worker) reads in a run after ``interrupts``."""
-    return run_layout(selection, epoch_length, interrupts, topology)[rank][worker]
+    return run_layout(selection, epoch_length, interrupts, topology, rank)[rank][worker]
 
 
 def rank_batches(
@@ -452,7 +492,7 @@ def rank_batches(
     rank: int,
 ) -> int:
     """Batches ``rank`` yields in a run after ``interrupts``."""
-    parts = run_layout(selection, epoch_length, interrupts, topology)[rank]
+    parts = run_layout(selection, epoch_length, interrupts, topology, rank)[rank]
     return sum(batch_count(_length(p), topology.batch_size, topology.drop_last) for p in parts)
 
 
@@ -461,10 +501,9 @@ def left_in_epoch(
 ) -> int:
     """Records a run of ``topology`` after ``interrupts`` reads, over all its consumers."""
     layout = run_layout(selection, epoch_length, interrupts, topology)
-    return sum(_length(part) for parts in layout for part in parts)
+    return sum(_length(part) for parts in layout.values() for part in parts)
 
 
 def epoch_length(selection: Selection, epoch: int) -> int:
-    orders = selection.orders(epoch)
-    mixed = selection.mixed(epoch, orders)
-    return orders[0].total if mixed is None else mixed.length
+    mixed = selection.mixed(epoch)
+    return selection.totals()[0] if mixed is None else mixed.length
