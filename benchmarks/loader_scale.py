@@ -42,9 +42,9 @@ def plan_case() -> None:
         part = plan.consumer_part(selection, length, chain, topology, 1234, 5)
         order = selection.orders(3)[0]
         first = part[0][0]
-        window = first // order.window
-        order.window_permutation(window)
-        order.segments(*order.window_bounds(window))
+        span = order.window_span(first)
+        order.window_permutation(*span)
+        order.segments(*span)
         fingerprint = selection.fingerprint()
         seconds = time.perf_counter() - start
         peak = tracemalloc.get_traced_memory()[1]

@@ -38,10 +38,11 @@ def epoch_positions(selection: plan.Selection, epoch: int) -> list[tuple[int, in
     base = [(shard, r) for shard, a, b in order.segments(0, order.total) for r in range(a, b)]
     if not order.window:
         return base
-    out = []
-    for window in range(-(-order.total // order.window)):
-        first, _ = order.window_bounds(window)
-        out += [base[first + offset] for offset in order.window_permutation(window)]
+    out, position = [], 0
+    while position < order.total:
+        first, last = order.window_span(position)
+        out += [base[first + offset] for offset in order.window_permutation(first, last)]
+        position = last
     return out
 
 
@@ -91,6 +92,12 @@ def test_the_epoch_order_is_a_permutation_fixed_by_seed_and_epoch(counts, seed, 
     first = epoch_positions(selection, 0)
     assert sorted(first) == every
     assert epoch_positions(selection, 0) == first
+    order = selection.orders(0)[0]
+    if order.window:  # windows never straddle a shard
+        for position in range(order.total):
+            first_record, last_record = order.window_span(position)
+            shards = {s for s, _, _ in order.segments(first_record, last_record)}
+            assert len(shards) == 1 and last_record - first_record <= window
 
 
 @settings(max_examples=300, deadline=None)

@@ -8,8 +8,8 @@ Terms:
 - *stream*: one sample space, the concatenation of its shards' records (the selection, or one
   curriculum stage when stages are mixed).
 - *epoch order* of a stream: with a seed, its shards in a permutation drawn from (seed, epoch),
-  then its records shuffled inside *windows* of ``window`` consecutive records. Position p of
-  the order names one record; without a seed the order is the manifest's.
+  then its records shuffled inside *windows* of ``window`` consecutive records of one shard.
+  Position p of the order names one record; without a seed the order is the manifest's.
 - *mixed order*: several streams merged by a key per record, ``(i + phase_s) / share_s`` for the
   stream's i-th record, so each stream keeps its share of every stretch of the order.
 - *level*: the positions a pass runs over. Level 0 is the whole epoch; a resume adds a level
@@ -205,15 +205,18 @@ class StreamOrder:
             found = self._groups[group] = (shards, offsets)
         return found
 
-    def window_bounds(self, window: int) -> tuple[int, int]:
-        start = window * self.window
-        return start, min(start + self.window, self.total)
+    def window_span(self, position: int) -> tuple[int, int]:
+        """[first, last) of the window holding ``position``: windows are ``window``
+        consecutive records of one shard (the last of a shard may be shorter), so reading a
+        window never fetches another shard's bytes."""
+        ((shard, offset, _),) = self.segments(position, position + 1)
+        first = position - offset % self.window
+        return first, min(first + self.window, position - offset + self.counts[shard])
 
-    def window_permutation(self, window: int) -> list[int]:
-        """Position offset inside window ``window`` -> record offset inside it."""
-        start, stop = self.window_bounds(window)
-        permutation = list(range(stop - start))
-        _seeded(self.seed, self.epoch, self.number, "window", window).shuffle(permutation)
+    def window_permutation(self, first: int, last: int) -> list[int]:
+        """Position offset inside the window [first, last) -> record offset inside it."""
+        permutation = list(range(last - first))
+        _seeded(self.seed, self.epoch, self.number, "window", first).shuffle(permutation)
         return permutation
 
     def segments(self, start: int, stop: int) -> list[tuple[int, int, int]]:

@@ -2,8 +2,9 @@
 
 Each shard range is read with ``iter_shard(start=, stop=)``, which skips the records before
 ``start`` without decoding them and stops after ``stop``; the next range's first bytes are
-requested while the current one is read. A shuffled stream is read window by window: one
-window's records are held at a time, then handed out in the window's permutation.
+requested while the current one is read. A shuffled stream is read window by window (a window
+is a run of records inside one shard): one window's records are held at a time, then handed
+out in the window's permutation.
 """
 
 from __future__ import annotations
@@ -89,21 +90,19 @@ def _stream_records(
         yield from _read_ranges(_merge_ranges(pieces), open_range)
         return
     # Which positions each window needs; the window's records are read whole, once.
-    needed: dict[int, list[tuple[int, int]]] = {}
+    needed: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for start, stop in positions:
         while start < stop:
-            window = start // order.window
-            end = min(stop, order.window_bounds(window)[1])
-            needed.setdefault(window, []).append((start, end))
+            span = order.window_span(start)
+            end = min(stop, span[1])
+            needed.setdefault(span, []).append((start, end))
             start = end
-    windows = list(needed)
-    pieces = [p for w in windows for p in table_ranges(*order.window_bounds(w))]
+    pieces = [piece for span in needed for piece in table_ranges(*span)]
     records = _read_ranges(_merge_ranges(pieces), open_range)
-    for window in windows:
-        first, last = order.window_bounds(window)
+    for (first, last), wanted in needed.items():
         held = [next(records) for _ in range(last - first)]
-        permutation = order.window_permutation(window)
-        for start, stop in needed[window]:
+        permutation = order.window_permutation(first, last)
+        for start, stop in wanted:
             for position in range(start - first, stop - first):
                 yield held[permutation[position]]
         del held

@@ -215,8 +215,8 @@ class SplitDataLoader:
           equal_batches: every rank yields the same number of batches; fewer than world_size
             records of the epoch are left out (the last ones of the epoch's order).
           seed: shuffle, deterministic in (seed, epoch): the shard order is permuted and
-            records are shuffled within windows of ``shuffle_buffer`` consecutive records
-            (default 8192; 0 or 1: shard order only). A worker holds one window of records.
+            records are shuffled within windows of ``shuffle_buffer`` consecutive records of
+            one shard (default 8192; 0 or 1: shard order only). A worker holds one window.
           mixing_weights: curriculum mixing instead of the union: a mapping stage -> weight
             (its keys are the stages when ``curriculum_stages`` is not given), or "metadata"
             for each stage's ``weight`` metadata. Each stage keeps its share of every stretch
