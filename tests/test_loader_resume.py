@@ -155,3 +155,52 @@ def test_a_state_for_another_selection_is_refused(local_sets):
         loader.load("train", seed=2).load_state_dict(state)
     with pytest.raises(ValueError, match="Unsupported loader state version"):
         loader.load("train", seed=1).load_state_dict({"version": 1})
+
+
+def write_foreign_dataset(root) -> tuple[str, set[str]]:
+    """A dataset written without this package (msgpack + zstandard frames, gzip JSON lines and
+    a hand-written manifest), as another conforming implementation would (SPEC sections 2-3)."""
+    import gzip
+    import struct
+
+    import msgpack
+    import zstandard
+
+    ids: set[str] = set()
+    splits = {}
+    for data_format, counts in SHARDS.items():
+        shards = []
+        for shard, count in enumerate(counts):
+            records = [{"id": f"{data_format}-{shard}-{i}", "n": [i, i * 2]} for i in range(count)]
+            ids.update(r["id"] for r in records)
+            if data_format == "msgpack.zstf":
+                frames = [
+                    zstandard.ZstdCompressor(level=3).compress(msgpack.packb(r)) for r in records
+                ]
+                data = b"".join(struct.pack(">Q", len(f)) + f for f in frames)
+            else:
+                lines = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+                data = gzip.compress(lines.encode(), mtime=0)
+            path = root / f"{data_format}-{shard}.bin"
+            path.write_bytes(data)
+            shards.append({"uri": f"file://{path}", "records": count, "size_bytes": len(data)})
+        splits[data_format] = shards
+    return splits, ids
+
+
+@pytest.mark.parametrize("data_format", list(SHARDS))
+def test_datasets_of_other_writers_load_split_by_records(tmp_path, data_format):
+    splits, _ = write_foreign_dataset(tmp_path)
+    shards = splits[data_format]
+    manifest = {
+        "version": 1,
+        "data_format": data_format,
+        "splits": {"train": {"records": sum(s["records"] for s in shards), "shards": shards}},
+    }
+    uri = f"file://{tmp_path}/data-manifest.json"
+    (tmp_path / "data-manifest.json").write_text(json.dumps(manifest))
+    client = SyvainTrainingData()
+    ids = {f"{data_format}-{s}-{i}" for s, n in enumerate(SHARDS[data_format]) for i in range(n)}
+    first, state = run(client, uri, 3, 2, 4, 2, seed=6)
+    rest, _ = run(client, uri, 2, 1, 5, None, state=state, seed=6)
+    assert Counter(first + rest) == Counter(ids)
