@@ -420,11 +420,26 @@ def test_copy_layout_keeps_relative_paths_and_files_external_shards():
 # --------------------------------------------------------------------------------------------
 
 
-def test_demo_runs(tmp_path, capsys):
+def test_demo_publishes_reads_back_and_reuses_on_a_rerun(tmp_path, capsys):
     assert run("demo", "--root", str(tmp_path), "--records", "300").code == 0
-    assert "every record identical to what was written" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "every record read exactly once" in out and "summary: 300 records" in out
+    assert "reused" not in out
     manifest = tmp_path / "datasets" / "demo" / "data-manifest-v1.json"
-    assert DataManifest.model_validate_json(manifest.read_bytes()).splits["train"].records == 300
+    published = DataManifest.model_validate_json(manifest.read_bytes())
+    assert published.splits["train"].records == 240
+    assert sorted(published.splits["train"].curriculum) == ["main", "warmup"]
+    assert run("demo", "--root", str(tmp_path), "--records", "300").code == 0
+    assert "reused 10 shards finished by an earlier run" in capsys.readouterr().out
+    assert manifest.read_bytes() == published.model_dump_json(indent=2).encode() + b"\n"
+
+
+def test_demo_against_seaweedfs(capsys):
+    assert run("demo", "--s3", "--records", "100").code == 0
+    out = capsys.readouterr().out
+    assert (
+        "store: SeaweedFS at http://127.0.0.1:" in out and "every record read exactly once" in out
+    )
 
 
 @pytest.mark.parametrize(

@@ -189,12 +189,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo",
         parents=[common],
-        help="write a dataset to a local directory and read it back",
-        description="The README's main job on the local directory store: encode records as a "
-        "msgpack.zstf shard, publish it with a manifest, stream it back and compare.",
+        help="publish a dataset from a process pool and read it back with SplitDataLoader",
+        description="The README's main job: publish a curriculum dataset with DatasetSaver from "
+        "two processes (deterministic shard ids, so a second run reuses finished shards), then "
+        "read one epoch with SplitDataLoader (two workers, shuffled) and check every record.",
     )
     demo.add_argument("--root", type=Path, default=None, help="directory of the local store")
     demo.add_argument("--records", type=_positive, default=20_000)
+    demo.add_argument(
+        "--s3", action="store_true", help="against a SeaweedFS started for the occasion"
+    )
     demo.set_defaults(run=_demo)
     return parser
 
@@ -812,7 +816,7 @@ def _rewrite(manifest: DataManifest, copies: Mapping[str, ManifestShard]) -> Dat
 def _demo(ctx: Context) -> None:
     from syvain_training_data.demo import run_demo
 
-    run_demo(ctx.args.root, ctx.args.records)
+    run_demo(ctx.args.root, ctx.args.records, s3=ctx.args.s3)
 
 
 if __name__ == "__main__":
