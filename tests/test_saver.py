@@ -42,10 +42,15 @@ def config_for(server) -> StorageConfig:
 
 
 @pytest.fixture(params=["s3", "file"])
-def store_root(request, tmp_path) -> tuple[str, StorageConfig]:
-    """A writable prefix URI and its config, on SeaweedFS and on the local directory store."""
+def store_root(request, tmp_path, monkeypatch) -> tuple[str, StorageConfig]:
+    """A writable prefix URI and its config, on SeaweedFS and on the local directory store.
+
+    For SeaweedFS the credentials are also in the environment, where pickled copies of a saver
+    (in this process or a spawned worker) take the secret from, as workers do in production."""
     if request.param == "s3":
         server = request.getfixturevalue("seaweed")
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
         prefix = request.getfixturevalue("unique_prefix")
         return f"s3://{request.getfixturevalue('s3_bucket')}/{prefix}", config_for(server)
     return f"file://{tmp_path}/store", StorageConfig()
@@ -340,12 +345,15 @@ def test_a_restored_local_dataset_recovers_commits_and_reads(tmp_path) -> None:
     assert {shard.etag for shard in manifest.splits["train"].shards} == {""}
     assert {document["shard"]["etag"] for document in descriptors} == {""}
 
-    # A backup and a restore: the same paths, new inodes and mtimes (so new local etags).
+    # A backup and a restore: the same paths, new files with new mtimes (so new local etags).
     shutil.copytree(root, tmp_path / "backup")
     before = {shard.uri: storage.head_object(shard.uri).etag for shard in saved}
     shutil.rmtree(root)
     shutil.copytree(tmp_path / "backup", root)
-    os.utime(Path(saved[0].uri[len("file://") :]), ns=(1, 1))
+    for path in root.rglob("*"):
+        if path.is_file():
+            later = path.stat().st_mtime_ns + 10**9
+            os.utime(path, ns=(later, later))
     assert all(storage.head_object(uri).etag != etag for uri, etag in before.items())
 
     again = make_saver(f"file://{root}", StorageConfig(), "parquet")

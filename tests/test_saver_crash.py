@@ -189,7 +189,14 @@ def test_ray_tasks_publish_through_the_pickled_saver(seaweed, s3_bucket, unique_
         data_format="jsonl.gz",
         storage_config=config,
     )
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # The pickled saver holds no secret: the workers take it from their environment.
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        runtime_env={"env_vars": seaweed.env()},
+    )
     try:
 
         @ray.remote

@@ -144,7 +144,11 @@ def _check_shard_uri(uri: str) -> str:
     try:
         return check_uri(uri)
     except ValueError as error:
-        raise ValueError(f"invalid shard URI: {error}") from None
+        raise ValueError(
+            "shard URI must be s3://bucket/key (bucket and key non-empty, the bucket name "
+            f"without / ? # @ : %, whitespace or control characters) or file:///absolute/path: "
+            f"{error}"
+        ) from None
 
 
 _ShardUri = Annotated[_Text, AfterValidator(_check_shard_uri)]
