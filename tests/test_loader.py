@@ -295,8 +295,11 @@ def test_shuffle_is_deterministic_per_seed_and_epoch(local_dataset):
 @pytest.mark.parametrize(
     ("store", "context"), [("local", "spawn"), ("s3", "spawn"), ("local", "forkserver")]
 )
-def test_start_methods_with_persistent_workers(request, store, context):
+def test_start_methods_with_persistent_workers(request, store, context, monkeypatch):
     client, uri = request.getfixturevalue(f"{store}_dataset")
+    if store == "s3":  # spawned workers take the secret from their environment, not the pickle
+        for name, value in request.getfixturevalue("seaweed").env().items():
+            monkeypatch.setenv(name, value)
     args = {
         "num_workers": 2,
         "batch_size": 4,

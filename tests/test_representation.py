@@ -10,6 +10,7 @@ early closes leave no temporary file).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -1273,3 +1274,29 @@ def test_closing_the_prefetcher_stops_a_stalled_download(blob, seaweed, fault_pr
         downloads.close()  # cancels the stalled download instead of waiting a minute
         assert time.monotonic() - started < 5
         assert os.listdir(workspace.path) == []
+
+
+def test_workspace_names_files_uniquely_from_two_threads():
+    # Two threads that both read the counter before either stores it would name one file twice;
+    # the counter's addition waits for the other thread to make that interleaving happen.
+    meet = threading.Barrier(2)
+
+    class MeetingInt(int):
+        def __add__(self, other: int) -> MeetingInt:
+            # With the lock the other thread is kept out: the wait breaks, nothing to meet.
+            with contextlib.suppress(threading.BrokenBarrierError):
+                meet.wait(timeout=1)
+            return MeetingInt(int(self) + other)
+
+    with Workspace() as workspace:
+        workspace._count = MeetingInt(0)
+        names: list[Path] = []
+        threads = [
+            threading.Thread(target=lambda: names.append(workspace.new_path("s3://b/same")))
+            for _ in range(2)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(set(names)) == 2

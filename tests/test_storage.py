@@ -398,9 +398,11 @@ def _read_sha(args: tuple[str, int, str, StorageConfig]) -> str:
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
-def test_client_works_across_fork_and_spawn(seaweed, big_object, method):
+def test_client_works_across_fork_and_spawn(seaweed, big_object, method, monkeypatch):
     uri, expected_sha, info = big_object
     config = config_for(seaweed)
+    for name, value in seaweed.env().items():  # workers take the (unpickled) secret from here
+        monkeypatch.setenv(name, value)
     args = (uri, info.size, info.etag, config)
     assert _read_sha(args) == expected_sha  # the parent uses the client (runtime and pool) first
     context = multiprocessing.get_context(method)

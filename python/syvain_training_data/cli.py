@@ -13,8 +13,10 @@ Decisions:
   traceback unless ``--debug`` is given; Ctrl-C exits with 130.
 - **Credentials** come from the flags or the standard AWS variables, exactly as
   :meth:`SyvainTrainingData.from_env` reads them: a flag overrides its variable. The secret is
-  best left in ``AWS_SECRET_ACCESS_KEY`` (a command line is visible to other users of the
-  machine); it is never printed, not even with ``--debug``.
+  best left in ``AWS_SECRET_ACCESS_KEY`` or read with ``--secret-access-key-file PATH`` (``-``
+  for stdin): a command line is visible to other users of the machine. A secret given on the
+  command line that begins with ``-`` must be written ``--secret-access-key=SECRET`` (argparse
+  would take it for an option). It is never printed, not even with ``--debug``.
 - **Local paths** are accepted wherever a URI is: an argument without ``://`` is a path,
   turned into a ``file:///absolute/path`` URI.
 - **Progress** (``verify --deep``, ``cp --with-shards``) is one line on stderr, redrawn in place
@@ -56,6 +58,7 @@ from syvain_training_data.manifest import (
 )
 from syvain_training_data.shard import iter_shard
 from syvain_training_data.storage import get_object, head_object, put_object
+from syvain_training_data.uris import check_shard_scheme, check_uri, plain_etag, portable_etag
 
 __all__ = ["UsageError", "copy_layout", "main"]
 
@@ -109,7 +112,15 @@ def _common_options(suppress: bool) -> argparse.ArgumentParser:
         "--secret-access-key",
         default=default,
         metavar="SECRET",
-        help="secret key; prefer AWS_SECRET_ACCESS_KEY, as command lines are visible to others",
+        help="secret key, as --secret-access-key=SECRET if it may begin with '-'; prefer "
+        "AWS_SECRET_ACCESS_KEY or --secret-access-key-file, as command lines are visible to "
+        "others",
+    )
+    group.add_argument(
+        "--secret-access-key-file",
+        default=default,
+        metavar="PATH",
+        help="read the secret key from the first line of this file ('-' for stdin)",
     )
     group.add_argument(
         "--debug",
@@ -152,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--deep", action="store_true", help="stream every shard and count records")
     _add_jobs(verify, 8)
     _add_progress(verify)
+    _add_allow_mixed_schemes(verify)
     verify.set_defaults(run=_verify)
 
     head = commands.add_parser(
@@ -167,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     head.add_argument(
         "-n", "--records", type=_non_negative, default=10, metavar="N", help="default 10"
     )
+    _add_allow_mixed_schemes(head)
     head.set_defaults(run=_head)
 
     cp = commands.add_parser(
@@ -184,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--with-shards", action="store_true", help="copy and verify the shards too")
     _add_jobs(cp, 4)
     _add_progress(cp)
+    _add_allow_mixed_schemes(cp)
     cp.set_defaults(run=_cp)
 
     demo = commands.add_parser(
@@ -210,6 +224,15 @@ def _add_jobs(parser: argparse.ArgumentParser, default: int) -> None:
         type=_positive,
         default=default,
         help=f"shards handled at once (default {default})",
+    )
+
+
+def _add_allow_mixed_schemes(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow-mixed-schemes",
+        action="store_true",
+        help="read a trusted manifest whose shards use another scheme than the manifest "
+        "(by default an s3:// manifest may name only s3:// shards, a file:// one only file://)",
     )
 
 
@@ -323,8 +346,32 @@ def _silence_stdout(out: TextIO) -> None:
         pass  # not a real file: nothing will be flushed into a closed pipe at exit
 
 
+def _read_secret(path: str) -> str:
+    """The first line of ``path`` (``-``: stdin) without its line ending; UsageError if it
+    cannot be read or is empty. The message names the path, never the content."""
+    try:
+        if path == "-":
+            line = sys.stdin.readline()
+        else:
+            with open(path, encoding="utf-8") as file:
+                line = file.readline()
+    except OSError as error:
+        raise UsageError(f"cannot read the secret key from {path}: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"cannot read the secret key from {path}: not UTF-8 text") from None
+    secret = line.rstrip("\r\n")
+    if not secret:
+        raise UsageError(f"{path} holds no secret key on its first line")
+    return secret
+
+
 def _client(args: argparse.Namespace, environ: Mapping[str, str]) -> SyvainTrainingData:
     env = dict(environ)
+    secret_file = getattr(args, "secret_access_key_file", None)
+    if secret_file and getattr(args, "secret_access_key", None):
+        raise UsageError("give --secret-access-key or --secret-access-key-file, not both")
+    if secret_file:
+        env["AWS_SECRET_ACCESS_KEY"] = _read_secret(secret_file)
     for flag, variable in _CREDENTIAL_FLAGS:
         value = getattr(args, flag, None)
         if value:
@@ -343,17 +390,12 @@ def to_uri(argument: str) -> str:
     if "://" not in argument:
         path = Path(argument).expanduser().resolve().as_posix()
         return "file://" + (path if path.startswith("/") else "/" + path)
-    if argument.startswith("s3://"):
-        bucket, _, key = argument[len("s3://") :].partition("/")
-        if bucket and key:
-            return argument
-        raise UsageError(f"{argument!r} is not an s3://bucket/key URI")
-    if argument.startswith("file:///") and len(argument) > len("file:///"):
-        return argument
-    raise UsageError(
-        f"{argument!r} is not a URI this tool reads: use s3://bucket/key, "
-        "file:///absolute/path or a local path"
-    )
+    try:
+        return check_uri(argument)
+    except ValueError as error:
+        raise UsageError(
+            f"{error}: use s3://bucket/key, file:///absolute/path or a local path"
+        ) from None
 
 
 def _require_credentials(ctx: Context, *uris: str) -> None:
@@ -371,6 +413,14 @@ def _manifest_uri(ctx: Context, argument: str) -> str:
     uri = to_uri(argument)
     _require_credentials(ctx, uri)
     return uri
+
+
+def _check_schemes(ctx: Context, manifest_uri: str, shards: Sequence[ManifestShard]) -> None:
+    """Every shard's scheme is its manifest's (SPEC 4), before any shard is read."""
+    for shard in shards:
+        check_shard_scheme(
+            manifest_uri, shard.uri, allow_mixed_schemes=ctx.args.allow_mixed_schemes
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -536,14 +586,6 @@ def _inspect(ctx: Context) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _plain_etag(etag: str) -> str:
-    """An etag without the quotes (and weak marker) some stores add around it."""
-    etag = etag.strip()
-    if etag.startswith("W/"):
-        etag = etag[2:]
-    return etag.strip('"')
-
-
 def head_problem(shard: ManifestShard, ctx: Context) -> str | None:
     """What HEAD finds wrong with a shard (missing, size, etag), or None."""
     try:
@@ -555,7 +597,8 @@ def head_problem(shard: ManifestShard, ctx: Context) -> str | None:
             f"{shard.uri}: size mismatch: {info.size:,} bytes in the store, "
             f"{shard.size_bytes:,} in the manifest"
         )
-    if shard.etag and info.etag and _plain_etag(shard.etag) != _plain_etag(info.etag):
+    etag = portable_etag(shard.uri, shard.etag)
+    if etag and info.etag and plain_etag(etag) != plain_etag(info.etag):
         return (
             f"{shard.uri}: etag mismatch: {info.etag!r} in the store, {shard.etag!r} in the "
             "manifest (the object was replaced)"
@@ -596,6 +639,7 @@ def _verify(ctx: Context) -> None:
     uri = _manifest_uri(ctx, ctx.args.manifest)
     manifest = ctx.client.load_manifest(uri)
     shards = _unique_shards(manifest)
+    _check_schemes(ctx, uri, shards)
     problems = _conflicting_descriptions(manifest)
     with ThreadPoolExecutor(max_workers=ctx.args.jobs) as pool:
         found = list(pool.map(lambda shard: head_problem(shard, ctx), shards))
@@ -675,6 +719,7 @@ def _head(ctx: Context) -> None:
                 f"available stages: {available}"
             )
         shards = stage.shards
+    _check_schemes(ctx, uri, shards)
     left = ctx.args.records
     for shard in shards:
         if left <= 0:
@@ -750,6 +795,7 @@ def _cp(ctx: Context) -> None:
         return
 
     shards = _unique_shards(manifest)
+    _check_schemes(ctx, source, shards)
     _require_credentials(ctx, *(shard.uri for shard in shards))
     targets = {shard.uri: copy_layout(source, destination, shard.uri) for shard in shards}
     if len(set(targets.values())) != len(targets) or destination in targets.values():

@@ -30,7 +30,10 @@ class SyvainTrainingData:
 
     ``SyvainTrainingData()`` with no arguments works with the local directory store only.
     Raises ValueError at once for an invalid ``s3_base_url``. The secret never appears in the
-    client's ``repr``, in logs or in error messages.
+    client's ``repr``, in logs or in error messages, and is not pickled with the client, its
+    savers or datasets unless ``picklable_secret=True``: an unpickled copy takes it again from
+    its process's ``AWS_SECRET_ACCESS_KEY`` (see
+    :class:`~syvain_training_data.storage.StorageConfig`).
     """
 
     def __init__(
@@ -41,6 +44,7 @@ class SyvainTrainingData:
         access_key_id: str | None = None,
         secret_access_key: str | SecretStr | None = None,
         virtual_hosted_style_request: bool = False,
+        picklable_secret: bool = False,
     ) -> None:
         self._storage_config = StorageConfig.create(
             s3_base_url=s3_base_url,
@@ -48,11 +52,14 @@ class SyvainTrainingData:
             access_key_id=access_key_id,
             secret_access_key=secret_access_key,
             virtual_hosted_style_request=virtual_hosted_style_request,
+            picklable_secret=picklable_secret,
         )
         native_storage(self._storage_config)  # validates the endpoint now, not on first use
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> SyvainTrainingData:
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, picklable_secret: bool = False
+    ) -> SyvainTrainingData:
         """A client from the standard AWS variables: AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL,
         AWS_REGION or AWS_DEFAULT_REGION (default us-east-1), AWS_ACCESS_KEY_ID,
         AWS_SECRET_ACCESS_KEY."""
@@ -62,6 +69,7 @@ class SyvainTrainingData:
             region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
             access_key_id=env.get("AWS_ACCESS_KEY_ID") or None,
             secret_access_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
+            picklable_secret=picklable_secret,
         )
 
     @property
@@ -124,21 +132,31 @@ class SyvainTrainingData:
         manifest_uri: str,
         collate_fn: Callable[[list[Any]], Any],
         dataloader_args: Mapping[str, Any] | None = None,
+        *,
+        allow_mixed_schemes: bool = False,
     ) -> SplitDataLoader:
         """A :class:`~syvain_training_data.loader.SplitDataLoader` over the manifest at
         ``manifest_uri``, read once, now (SPEC section 6). Needs the ``torch`` extra.
 
+        An ``s3://`` manifest may name only ``s3://`` shards and a ``file://`` manifest only
+        ``file://`` shards (SPEC section 4); pass ``allow_mixed_schemes=True`` for a manifest you
+        trust that mixes them.
+
         Raises ValueError for ``collate_fn`` inside ``dataloader_args`` or a negative
-        ``num_workers``; the errors of :meth:`load_manifest`; ModuleNotFoundError without torch.
+        ``num_workers``, or a shard whose scheme is not the manifest's; the errors of
+        :meth:`load_manifest`; ModuleNotFoundError without torch.
         """
         from syvain_training_data.loading.split_loader import SplitDataLoader
 
-        return SplitDataLoader(
+        # The lead's loader takes allow_mixed_schemes (and checks shards with
+        # uris.check_shard_scheme); drop this ignore once it does.
+        return SplitDataLoader(  # type: ignore[call-arg]
             self.load_manifest(manifest_uri),
             collate_fn,
             dataloader_args,
             storage_config=self._storage_config,
             manifest_uri=manifest_uri,
+            allow_mixed_schemes=allow_mixed_schemes,
         )
 
     def iter_representation_examples(

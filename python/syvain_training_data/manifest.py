@@ -26,7 +26,8 @@ Rules, each enforced at validation time:
   one shard; a split's and a stage's ``records`` equal the sum of their shards' records.
 - A shard URI is ``s3://bucket/key`` (bucket and key non-empty) or ``file:///absolute/path``
   (the local directory store of SPEC section 4; something must follow the root slash).  Schemes
-  are lower case; ``file:/path`` and ``file://host/path`` are rejected.
+  are lower case; ``file:/path`` and ``file://host/path`` are rejected.  A bucket name may not
+  hold ``/ ? # @ : %``, whitespace or control characters (:mod:`syvain_training_data.uris`).
 
 Decisions taken where SPEC is silent:
 
@@ -82,6 +83,8 @@ from pydantic import (
     model_validator,
 )
 
+from syvain_training_data.uris import check_uri
+
 __all__ = [
     "DATA_FORMATS",
     "MAX_METADATA_DEPTH",
@@ -136,17 +139,16 @@ _FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 
 
 def _check_shard_uri(uri: str) -> str:
-    """Accept ``s3://bucket/key`` (both non-empty) or ``file:///absolute/path``."""
-    if uri.startswith("s3://"):
-        bucket, slash, key = uri[len("s3://") :].partition("/")
-        if bucket and slash and key:
-            return uri
-    elif uri.startswith("file:///") and len(uri) > len("file:///"):
-        return uri
-    raise ValueError(
-        "shard URI must be s3://bucket/key (bucket and key non-empty) "
-        f"or file:///absolute/path, got {uri!r}"
-    )
+    """Accept ``s3://bucket/key`` (both non-empty, a safe bucket name) or
+    ``file:///absolute/path``."""
+    try:
+        return check_uri(uri)
+    except ValueError as error:
+        raise ValueError(
+            "shard URI must be s3://bucket/key (bucket and key non-empty, the bucket name "
+            f"without / ? # @ : %, whitespace or control characters) or file:///absolute/path: "
+            f"{error}"
+        ) from None
 
 
 _ShardUri = Annotated[_Text, AfterValidator(_check_shard_uri)]

@@ -35,6 +35,9 @@ Decisions taken where SPEC is silent:
 - **Found shards are verified.** Every descriptor found in the store passes the checks of
   ``recover`` (data object present, size, etag or sha256); a tampered one anywhere under the
   manifest fails the commit with PublicationConflictError rather than being skipped.
+- **Local etags.** A ``file://`` object's etag (inode and mtime) does not survive cp, rsync or
+  a restore, so manifests and descriptors record ``""`` for it, and one an older saver recorded
+  is not enforced: its size and sha256 guard it (SPEC section 4).
 - **Expected shards.** ``expect_shards(split, stage, shard_ids)`` states the complete set of
   deterministic shards of one split and stage; the commit then refuses (ValueError naming them)
   when any is missing or when another deterministic shard was found there.
@@ -93,6 +96,13 @@ from syvain_training_data.storage import (
     native_storage,
     open_stream,
     put_object,
+)
+from syvain_training_data.uris import (
+    check_shard_scheme,
+    file_path,
+    portable_etag,
+    s3_bucket_key,
+    scheme_of,
 )
 
 __all__ = ["DESCRIPTOR_SCHEMA", "DatasetSaver", "copy_shard", "descriptor_bytes", "encode_segment"]
@@ -237,15 +247,14 @@ def descriptor_bytes(
 
 
 def _manifest_key(manifest_uri: str) -> str:
-    if manifest_uri.startswith("s3://"):
-        bucket, _, key = manifest_uri[len("s3://") :].partition("/")
-        if bucket and key:
-            return key
-    elif manifest_uri.startswith("file:///") and len(manifest_uri) > len("file:///"):
-        return manifest_uri[len("file:///") :]
-    raise ValueError(
-        f"manifest_uri must be s3://bucket/key or file:///absolute/path, got {manifest_uri!r}"
-    )
+    try:
+        if scheme_of(manifest_uri) == "s3":
+            return s3_bucket_key(manifest_uri)[1]
+        return file_path(manifest_uri)[1:]
+    except ValueError:
+        raise ValueError(
+            f"manifest_uri must be s3://bucket/key or file:///absolute/path, got {manifest_uri!r}"
+        ) from None
 
 
 def _validate_metadata(metadata: object) -> str | None:
@@ -554,7 +563,9 @@ class DatasetSaver:
         size, etag = _upload_spool(
             uri, spool, self.data_format, self.storage_config, create_only=deterministic
         )
-        return ManifestShard(uri=uri, records=records, size_bytes=size, etag=etag)
+        return ManifestShard(
+            uri=uri, records=records, size_bytes=size, etag=portable_etag(uri, etag)
+        )
 
     def _create_descriptor(self, uri: str, data: bytes) -> None:
         try:
@@ -665,6 +676,7 @@ class DatasetSaver:
             raise conflict(f"invalid shard: {error}") from None
         if shard.uri != shard_uri:
             raise conflict(f"shard uri is {shard.uri!r}, expected {shard_uri!r}")
+        check_shard_scheme(self.manifest_uri, shard.uri)
         if split is None:
             self._check_layout(shard.uri, found_split, found_stage, deterministic, conflict)
         canonical = descriptor_bytes(
@@ -678,6 +690,8 @@ class DatasetSaver:
         if canonical != data:
             raise conflict("its bytes are not the canonical descriptor bytes")
         self._verify_data_object(shard, digest, conflict)
+        # A local etag an older saver wrote is neither enforced nor published (SPEC 4).
+        shard = shard.model_copy(update={"etag": portable_etag(shard.uri, shard.etag)})
         return _Saved(found_split, found_stage, found_metadata, shard, deterministic)
 
     def _check_layout(
@@ -709,9 +723,10 @@ class DatasetSaver:
             raise conflict(f"its data object {shard.uri} does not exist") from None
         if info.size != shard.size_bytes:
             raise conflict(f"its data object has {info.size} bytes, not {shard.size_bytes}")
-        if info.etag and shard.etag:
-            if info.etag != shard.etag:
-                raise conflict(f"its data object has etag {info.etag!r}, not {shard.etag!r}")
+        etag = portable_etag(shard.uri, shard.etag)
+        if info.etag and etag:
+            if info.etag != etag:
+                raise conflict(f"its data object has etag {info.etag!r}, not {etag!r}")
         elif _stream_sha256(shard.uri, info.size, info.etag, self.storage_config) != digest:
             raise conflict("its data object's sha256 differs")
 
@@ -1109,8 +1124,9 @@ def copy_shard(
     config = storage_config or StorageConfig()
     spool = _Spool(_limits.spill_bytes)
     try:
+        source_etag = portable_etag(shard.uri, shard.etag) or None
         with open_stream(
-            shard.uri, size_bytes=shard.size_bytes, etag=shard.etag or None, storage_config=config
+            shard.uri, size_bytes=shard.size_bytes, etag=source_etag, storage_config=config
         ) as stream:
             for chunk in stream:
                 spool.write(chunk)
@@ -1120,7 +1136,12 @@ def copy_shard(
         size, etag = _upload_spool(destination_uri, spool, data_format, config, create_only=True)
     finally:
         spool.close()
-    return ManifestShard(uri=destination_uri, records=shard.records, size_bytes=size, etag=etag)
+    return ManifestShard(
+        uri=destination_uri,
+        records=shard.records,
+        size_bytes=size,
+        etag=portable_etag(destination_uri, etag),
+    )
 
 
 def _stream_sha256(uri: str, size: int, etag: str, storage_config: StorageConfig) -> str:

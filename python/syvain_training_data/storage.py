@@ -14,9 +14,11 @@ SPEC section 4 and releases the GIL while it waits. Errors:
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Mapping
+from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict, SecretStr
+from pydantic import BaseModel, ConfigDict, PrivateAttr, SecretStr
 
 from syvain_training_data import _native
 from syvain_training_data._native import ObjectStream
@@ -40,16 +42,48 @@ __all__ = [
 class StorageConfig(BaseModel):
     """Where and how to reach the S3-compatible store; file:// URIs need none of it.
 
-    The secret is a ``SecretStr``: it never appears in ``repr``, logs or error messages.
+    The secret is a ``SecretStr``: it never appears in ``repr``, logs or error messages (a
+    value of the wrong type is not echoed in the ValidationError either).
+
+    **Pickling** (savers and datasets travel to worker processes, Ray tasks, other machines,
+    and Ray may spill pickles to disk): a pickled config holds no secret unless
+    ``picklable_secret=True``. Unpickled, it takes the secret again from the process's
+    ``AWS_SECRET_ACCESS_KEY``, provided ``AWS_ACCESS_KEY_ID`` there names the config's access key
+    (inherited by forked and spawned children, set on Ray workers through their environment).
+    Without it, the first request fails with a ValueError saying so.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, hide_input_in_errors=True)
 
     s3_base_url: str | None = None
     region: str = "us-east-1"
     access_key_id: str | None = None
     secret_access_key: SecretStr | None = None
     virtual_hosted_style_request: bool = False
+    picklable_secret: bool = False
+
+    # Set on an unpickled config whose secret was withheld and not found in the environment.
+    _secret_withheld: bool = PrivateAttr(default=False)
+
+    def __getstate__(self) -> dict[Any, Any]:
+        state = super().__getstate__()
+        if self.secret_access_key is not None and not self.picklable_secret:
+            state["__dict__"] = {**state["__dict__"], "secret_access_key": None}
+            state[_WITHHELD] = True
+        return state
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        state = dict(state)
+        if state.pop(_WITHHELD, False):
+            fields = dict(state["__dict__"])
+            secret = _secret_from_environment(fields["access_key_id"])
+            if secret is None:
+                private = state.get("__pydantic_private__") or {}
+                state["__pydantic_private__"] = {**private, "_secret_withheld": True}
+            else:
+                fields["secret_access_key"] = SecretStr(secret)
+            state["__dict__"] = fields
+        super().__setstate__(state)
 
     @classmethod
     def create(
@@ -60,6 +94,7 @@ class StorageConfig(BaseModel):
         access_key_id: str | None = None,
         secret_access_key: str | SecretStr | None = None,
         virtual_hosted_style_request: bool = False,
+        picklable_secret: bool = False,
     ) -> StorageConfig:
         """Builds a config from plain strings (the secret is wrapped as a ``SecretStr``)."""
         secret = (
@@ -73,7 +108,19 @@ class StorageConfig(BaseModel):
             access_key_id=access_key_id,
             secret_access_key=secret,
             virtual_hosted_style_request=virtual_hosted_style_request,
+            picklable_secret=picklable_secret,
         )
+
+
+_WITHHELD: Final = "syvain_secret_withheld"
+
+
+def _secret_from_environment(access_key_id: str | None) -> str | None:
+    """``AWS_SECRET_ACCESS_KEY`` of this process, if ``AWS_ACCESS_KEY_ID`` names the same key
+    (a secret is never paired with another key's id)."""
+    if os.environ.get("AWS_ACCESS_KEY_ID") != access_key_id:
+        return None
+    return os.environ.get("AWS_SECRET_ACCESS_KEY") or None
 
 
 LOCAL_ONLY = StorageConfig()
@@ -93,8 +140,15 @@ class ObjectInfo(BaseModel):
 def native_storage(config: StorageConfig) -> _native.NativeStorage:
     """The native client for a config (one per config; it rebuilds its connections after fork).
 
-    Raises ValueError at once for an invalid ``s3_base_url``.
+    Raises ValueError at once for an invalid ``s3_base_url``, or for an unpickled config
+    whose secret was not pickled and is not in this process's environment.
     """
+    if config._secret_withheld:
+        raise ValueError(
+            f"The secret access key of access key id {config.access_key_id!r} was not pickled "
+            "with this storage configuration: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+            "in this process's environment, or build the client with picklable_secret=True"
+        )
     secret = config.secret_access_key.get_secret_value() if config.secret_access_key else None
     return _native.NativeStorage(
         s3_base_url=config.s3_base_url,

@@ -17,10 +17,13 @@ Writer (:func:`write_parquet_shard`)
     version).
 
 Reader (:func:`iter_parquet_shard`)
-    An s3:// object is streamed (size-checked, resumable, etag-pinned) into a temporary file (in
-    ``TMPDIR``), removed however the iteration ends (exhausted, closed early, or failed):
-    Parquet needs its footer before any row. A file:// shard is read in place: its size and etag
-    are checked before the first row and again after the last. pyarrow then decodes batches of
+    An s3:// object is streamed (size-checked, resumable, etag-pinned) into an unlinked
+    temporary file in ``TMPDIR`` (Parquet needs its footer before any row): it has no name, so
+    nothing is left behind however the reader ends, SIGKILL included, and a shard larger than
+    the free space there fails at once. A file:// shard is read in place, if it is a regular
+    file (a FIFO or device is an OSError, never a hang): its size is checked before the first
+    row and its size and etag again after the last. Rows ``[start, stop)`` skip the row
+    groups before ``start`` without decoding them. pyarrow then decodes batches of
     about 1 MiB of column data (1 Ki to 64 Ki rows) in a helper thread, at most two ahead, while
     the reading thread turns the current one into rows 1024 at a time; the rows are built in
     Rust from the Arrow buffers (``_native.rows_from_arrow``) with exactly the values
@@ -32,10 +35,13 @@ Reader (:func:`iter_parquet_shard`)
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import itertools
 import os
 import queue
+import shutil
+import stat
 import tempfile
 import threading
 from collections.abc import Generator, Iterable, Iterator, Mapping
@@ -46,6 +52,7 @@ from syvain_training_data import _native, storage
 from syvain_training_data.errors import ObjectChangedError
 from syvain_training_data.manifest import ManifestShard
 from syvain_training_data.storage import StorageConfig
+from syvain_training_data.uris import FILE_PREFIX, file_path, portable_etag
 
 __all__ = ["ParquetWriteResult", "iter_parquet_shard", "write_parquet_shard"]
 
@@ -403,47 +410,71 @@ class _HashingSink:
 
 
 def iter_parquet_shard(
-    shard: ManifestShard, *, storage_config: StorageConfig | None = None
+    shard: ManifestShard,
+    *,
+    storage_config: StorageConfig | None = None,
+    start: int = 0,
+    stop: int | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """Yields the rows of a Parquet shard as dicts, in file order, never more than
-    ``shard.records``.
+    """Yields rows ``[start, stop)`` (default: all) of a Parquet shard as dicts, in file order,
+    never more than ``shard.records``.
+
+    Whole row groups before ``start`` are skipped from the Parquet metadata without being
+    decoded, and reading stops after row ``stop - 1``. The record count is checked in full
+    (exactly ``shard.records`` rows) when ``stop`` is ``shard.records``; otherwise the shard
+    must hold at least ``stop`` rows.
 
     Raises:
+        ValueError: at once, unless ``0 <= start <= stop <= shard.records``.
         RuntimeError: "Unreadable parquet shard {uri}: {reason}" when the bytes disagree with
             ``shard.size_bytes``, the file is not readable Parquet (chained to pyarrow's error),
-            or the row count is not ``shard.records`` ("declared N records but yielded M",
-            "declared N records but found more").
+            or the row count is wrong ("declared N records but yielded M", "declared N
+            records but found more").
+        OSError: a file:// shard that is not a regular file (a FIFO, a device, a directory),
+            naming it, before it is read; not enough free space in the temporary directory to
+            download an s3:// shard (ENOSPC, naming the shard, its size and the directory).
         FileNotFoundError, PermissionError, ObjectChangedError, StorageRetryExhaustedError:
             from the store, as :func:`syvain_training_data.storage.open_stream` raises them.
         ModuleNotFoundError: pyarrow is not installed (the ``parquet`` extra).
     """
+    stop = shard.records if stop is None else stop
+    if not (type(start) is int and type(stop) is int and 0 <= start <= stop <= shard.records):
+        raise ValueError(
+            f"Parquet shard {shard.uri}: rows [{start!r}, {stop!r}) are not a range of its "
+            f"{shard.records} records (0 <= start <= stop <= records)"
+        )
+    return _iter_rows(shard, storage_config, start, stop)
+
+
+def _iter_rows(
+    shard: ManifestShard, storage_config: StorageConfig | None, start: int, stop: int
+) -> Generator[dict[str, Any]]:
     _, pq = _pyarrow()
-    local_etag = _check_local(shard, storage_config)
-    if local_etag is not None:
-        path = shard.uri[len("file://") :]
-    else:
-        path = _download(shard, storage_config)
-    try:
-        yielded = 0
-        batches = _row_batches(pq, path, shard.uri)
+    with _open_source(shard, storage_config) as source:
+        local_etag = _check_local(shard, storage_config)
+        position = start
+        batches = _row_batches(pq, source, shard.uri, start)
         try:
             for rows in batches:
-                room = shard.records - yielded
+                room = stop - position
                 if len(rows) > room:
                     yield from rows[:room]
-                    raise _unreadable(shard.uri, f"declared {shard.records} records but found more")
-                yielded += len(rows)
+                    position = stop
+                    if stop == shard.records:
+                        raise _unreadable(
+                            shard.uri, f"declared {shard.records} records but found more"
+                        )
+                    break
+                position += len(rows)
                 yield from rows
+                if position == stop < shard.records:
+                    break
         finally:
             batches.close()
         if local_etag is not None:
             _check_local(shard, storage_config, local_etag)
-        if yielded != shard.records:
-            raise _unreadable(shard.uri, f"declared {shard.records} records but yielded {yielded}")
-    finally:
-        if local_etag is None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+        if position < stop:
+            raise _unreadable(shard.uri, f"declared {shard.records} records but yielded {position}")
 
 
 def _unreadable(uri: str, reason: object) -> RuntimeError:
@@ -454,10 +485,11 @@ def _check_local(
     shard: ManifestShard, storage_config: StorageConfig | None, etag: str | None = None
 ) -> str | None:
     """For a file:// shard, which is read in place rather than copied: checks its size and
-    etag (the manifest's, or ``etag`` seen when the read began) and returns the etag; None for
-    an s3:// shard. The check is repeated after the last row, so a file changed while it was
-    read fails closed like a changed object in the store."""
-    if not shard.uri.startswith("file://"):
+    returns its etag (compared with ``etag``, the one seen when the read began); None for an
+    s3:// shard. The check is repeated after the last row, so a file changed while it was read
+    fails closed like a changed object in the store. A file:// etag in the manifest is not
+    enforced (SPEC section 4: it does not survive a copy)."""
+    if not shard.uri.startswith(FILE_PREFIX):
         return None
     info = storage.head_object(shard.uri, storage_config=storage_config)
     if info.size != shard.size_bytes:
@@ -465,44 +497,92 @@ def _check_local(
             shard.uri,
             f"size mismatch: the object has {info.size} bytes but size_bytes is {shard.size_bytes}",
         )
-    expected = etag if etag is not None else (shard.etag or info.etag)
-    if info.etag != expected:
+    if etag is not None and info.etag != etag:
         raise ObjectChangedError(
-            f"Object changed while reading {shard.uri} (etag {expected!r} no longer matches)"
+            f"Object changed while reading {shard.uri} (etag {etag!r} no longer matches)"
         )
     return info.etag
 
 
-def _download(shard: ManifestShard, storage_config: StorageConfig | None) -> str:
-    """Streams the shard into a new temporary file and returns its path (removed on error)."""
-    fd, path = tempfile.mkstemp(prefix="syvain-shard-", suffix=".parquet")
+@contextlib.contextmanager
+def _open_source(shard: ManifestShard, storage_config: StorageConfig | None) -> Iterator[IO[bytes]]:
+    """The shard's bytes as an open binary file: a file:// shard in place, an s3:// one
+    downloaded into an unlinked temporary file (nothing to remove, even after a SIGKILL)."""
+    if shard.uri.startswith(FILE_PREFIX):
+        file = _open_local(shard.uri)
+    else:
+        file = _download(shard, storage_config)
+    with file:
+        yield file
+
+
+def _open_local(uri: str) -> IO[bytes]:
+    """Opens a file:// shard for reading; OSError naming it unless it is a regular file.
+
+    Opened without blocking, then checked on the descriptor: a FIFO never hangs the reader and
+    a path swapped after a check cannot slip through."""
+    path = file_path(uri)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
-        with os.fdopen(fd, "wb") as file:
-            try:
-                with storage.open_stream(
-                    shard.uri,
-                    size_bytes=shard.size_bytes,
-                    etag=shard.etag or None,
-                    storage_config=storage_config,
-                ) as stream:
-                    for chunk in stream:
-                        file.write(chunk)
-            except RuntimeError as error:
-                # The stream's own data errors ("{uri}: size mismatch ...") are this shard's;
-                # store failures (retry budget, changed object, ...) keep their types.
-                prefix = f"{shard.uri}: "
-                if type(error) is RuntimeError and str(error).startswith(prefix):
-                    raise _unreadable(shard.uri, str(error)[len(prefix) :]) from error
-                raise
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO, device or socket"
+            error_type = IsADirectoryError if stat.S_ISDIR(mode) else OSError
+            raise error_type(
+                errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL,
+                f"Parquet shard {uri} is not a regular file (it is {kind})",
+                path,
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        os.close(fd)
         raise
-    return path
 
 
-def _row_batches(pq: Any, source: Any, uri: str) -> Generator[list[dict[str, Any]]]:
-    """Lists of at most BATCH_ROWS rows of a Parquet file (a path or a pyarrow readable);
+def _download(shard: ManifestShard, storage_config: StorageConfig | None) -> IO[bytes]:
+    """Streams the shard into a new unlinked temporary file, returned rewound.
+
+    Raises OSError (ENOSPC) at once when the temporary directory has less free space than the
+    shard's size."""
+    directory = tempfile.gettempdir()
+    free = shutil.disk_usage(directory).free
+    if free < shard.size_bytes:
+        raise OSError(
+            errno.ENOSPC,
+            f"Not enough space to download parquet shard {shard.uri} ({shard.size_bytes} bytes) "
+            f"into {directory} ({free} bytes free): free space there or set TMPDIR",
+        )
+    # Unlinked from the start (closed by the caller): a killed reader leaves nothing behind.
+    file = tempfile.TemporaryFile(prefix="syvain-shard-", suffix=".parquet")  # noqa: SIM115
+    try:
+        try:
+            with storage.open_stream(
+                shard.uri,
+                size_bytes=shard.size_bytes,
+                etag=portable_etag(shard.uri, shard.etag) or None,
+                storage_config=storage_config,
+            ) as stream:
+                for chunk in stream:
+                    file.write(chunk)
+        except RuntimeError as error:
+            # The stream's own data errors ("{uri}: size mismatch ...") are this shard's;
+            # store failures (retry budget, changed object, ...) keep their types.
+            prefix = f"{shard.uri}: "
+            if type(error) is RuntimeError and str(error).startswith(prefix):
+                raise _unreadable(shard.uri, str(error)[len(prefix) :]) from error
+            raise
+        file.flush()
+        file.seek(0)
+    except BaseException:
+        file.close()
+        raise
+    return file
+
+
+def _row_batches(pq: Any, source: Any, uri: str, start: int) -> Generator[list[dict[str, Any]]]:
+    """Lists of at most BATCH_ROWS rows of a Parquet file (a path or a pyarrow readable), from
+    row ``start``: whole row groups before it are skipped from the metadata, undecoded;
     pyarrow and conversion errors become RuntimeError."""
     try:
         parquet = pq.ParquetFile(source)
@@ -510,7 +590,12 @@ def _row_batches(pq: Any, source: Any, uri: str) -> Generator[list[dict[str, Any
         raise _unreadable(uri, error) from error
     with contextlib.closing(parquet):
         try:
-            batches = _prefetch(parquet.iter_batches(batch_size=_decode_batch_rows(parquet)))
+            groups, skip = _row_groups_from(parquet.metadata, start)
+            if not groups:
+                return
+            batches = _prefetch(
+                parquet.iter_batches(batch_size=_decode_batch_rows(parquet), row_groups=groups)
+            )
         except Exception as error:
             raise _unreadable(uri, error) from error
         with contextlib.closing(batches):
@@ -521,12 +606,28 @@ def _row_batches(pq: Any, source: Any, uri: str) -> Generator[list[dict[str, Any
                     raise _unreadable(uri, error) from error
                 if batch is None:
                     return
-                for start in range(0, batch.num_rows, BATCH_ROWS):
+                if skip >= batch.num_rows:
+                    skip -= batch.num_rows
+                    continue
+                for first in range(skip, batch.num_rows, BATCH_ROWS):
                     try:
-                        rows = _rows(batch.slice(start, BATCH_ROWS))
+                        rows = _rows(batch.slice(first, BATCH_ROWS))
                     except Exception as error:
                         raise _unreadable(uri, error) from error
                     yield rows
+                skip = 0
+
+
+def _row_groups_from(metadata: Any, start: int) -> tuple[list[int], int]:
+    """The row groups holding row ``start`` and after, and how many rows of the first of them
+    come before ``start``."""
+    first_row = 0
+    for index in range(metadata.num_row_groups):
+        rows = metadata.row_group(index).num_rows
+        if first_row + rows > start:
+            return list(range(index, metadata.num_row_groups)), start - first_row
+        first_row += rows
+    return [], 0
 
 
 def _decode_batch_rows(parquet: Any) -> int:

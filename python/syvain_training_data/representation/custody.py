@@ -31,6 +31,7 @@ from typing import Final, NoReturn
 from syvain_training_data import _native
 from syvain_training_data.errors import ObjectChangedError, RepresentationIntegrityError
 from syvain_training_data.storage import StorageConfig, head_object, native_storage
+from syvain_training_data.uris import plain_etag
 
 __all__ = [
     "Claim",
@@ -39,7 +40,6 @@ __all__ = [
     "custody_errors",
     "fetch",
     "integrity_error",
-    "strip_etag",
 ]
 
 TEMP_PREFIX: Final = "syvain-representation-"
@@ -51,14 +51,6 @@ _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 def integrity_error(uri: str, message: str) -> NoReturn:
     """Raises RepresentationIntegrityError("{uri}: {message}")."""
     raise RepresentationIntegrityError(f"{uri}: {message}")
-
-
-def strip_etag(etag: str) -> str:
-    """An etag without its surrounding quotes (and weak marker): stores disagree on them."""
-    etag = etag.strip()
-    if etag.startswith("W/"):
-        etag = etag[2:]
-    return etag.strip('"')
 
 
 @dataclass(frozen=True)
@@ -77,11 +69,14 @@ class Workspace:
     def __init__(self) -> None:
         self.path = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
         self._count = 0
+        self._count_lock = threading.Lock()  # fetches name their files from two threads
 
     def new_path(self, uri: str) -> Path:
-        self._count += 1
+        with self._count_lock:
+            self._count += 1
+            number = self._count
         name = _UNSAFE_NAME.sub("_", uri.rsplit("/", 1)[-1])[-80:]
-        return self.path / f"{self._count:06d}-{name}"
+        return self.path / f"{number:06d}-{name}"
 
     def close(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
@@ -156,7 +151,7 @@ def fetch(
         info = head_object(uri, storage_config=storage_config)
         if size is not None and info.size != size:
             integrity_error(uri, f"the {what} has {info.size} bytes but {size} are claimed")
-        if etag and info.etag and strip_etag(info.etag) != strip_etag(etag):
+        if etag and info.etag and plain_etag(info.etag) != plain_etag(etag):
             integrity_error(
                 uri, f"the {what} has etag {info.etag} but etag {etag} is claimed (replaced?)"
             )

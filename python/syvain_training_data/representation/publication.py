@@ -43,10 +43,10 @@ from syvain_training_data.representation.custody import (
     custody_errors,
     fetch,
     integrity_error,
-    strip_etag,
 )
 from syvain_training_data.shard import iter_shard
 from syvain_training_data.storage import StorageConfig, head_object
+from syvain_training_data.uris import check_shard_scheme, plain_etag, s3_bucket_key
 
 __all__ = [
     "ARTIFACT_MANIFEST_SCHEMA",
@@ -206,9 +206,10 @@ def _index_shards(manifest: DataManifest, uri: str, prefix: str) -> dict[str, Ma
             listed = ", ".join(shard.uri for shard in entry.shards)
             integrity_error(uri, f"split {split!r} must have the one shard {expected}: {listed}")
         shard = entry.shards[0]
+        check_shard_scheme(uri, shard.uri)
         if shard.records != entry.records:
             integrity_error(uri, f"split {split!r} has {entry.records} records, its shard not")
-        if not strip_etag(shard.etag):
+        if not plain_etag(shard.etag):
             integrity_error(uri, f"the index shard {shard.uri} has no etag")
         shards[split] = shard
     return shards
@@ -230,7 +231,7 @@ def _read_index(
                 shard.uri,
                 f"the index shard has {info.size} bytes but the manifest says {shard.size_bytes}",
             )
-        if info.etag and strip_etag(info.etag) != strip_etag(shard.etag):
+        if info.etag and plain_etag(info.etag) != plain_etag(shard.etag):
             integrity_error(
                 shard.uri,
                 f"the index shard has etag {info.etag} but the manifest says {shard.etag}",
@@ -268,8 +269,11 @@ class _RowChecker:
 
     def object_uri(self, name: str) -> str:
         value = self.text(name)
-        bucket, _, key = value.removeprefix("s3://").partition("/")
-        if not value.startswith("s3://") or not bucket or not key or key.endswith("/"):
+        try:
+            _, key = s3_bucket_key(value)
+        except ValueError:
+            key = ""
+        if not key or key.endswith("/"):
             self.fail(f"{name} must be an s3://bucket/key URI, got {value!r}")
         return value
 
