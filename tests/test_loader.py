@@ -581,3 +581,35 @@ def test_without_torch_the_error_names_the_extra():
         "    raise SystemExit('no error')\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_an_s3_manifest_cannot_point_the_loader_at_local_files(seaweed, s3_bucket, tmp_path):
+    client = SyvainTrainingData(
+        s3_base_url=seaweed.endpoint,
+        region=seaweed.region,
+        access_key_id=seaweed.access_key_id,
+        secret_access_key=seaweed.secret_access_key,
+    )
+    local = tmp_path / "part.jsonl.gz"
+    saver = client.dataset_saver(f"file://{tmp_path}/src/data-manifest.json")
+    shard = saver.save("train", None, [{"i": 1}], shard_id="a")
+    local.write_bytes((tmp_path / shard.uri.split(str(tmp_path) + "/", 1)[1]).read_bytes())
+    uri = f"s3://{s3_bucket}/mixed-{uuid.uuid4().hex}/data-manifest.json"
+    entry = {"uri": f"file://{local}", "records": 1, "size_bytes": shard.size_bytes}
+    client.save_manifest(
+        uri,
+        {
+            "version": 1,
+            "data_format": "jsonl.gz",
+            "splits": {"train": {"records": 1, "shards": [entry]}},
+        },
+    )
+    loader = client.split_data_loader(uri, as_list)
+    with pytest.raises(ValueError, match=r"^Manifest s3://.* names shard file://"):
+        loader.load("train")
+    trusted = client.split_data_loader(uri, as_list, allow_mixed_schemes=True)
+    assert keys_of(trusted.load("train")) == [{"i": 1}]
+
+
+def keys_of(batches) -> list[Any]:
+    return [record for batch in batches for record in batch]

@@ -135,7 +135,7 @@ class SyvainTrainingData:
         *,
         allow_mixed_schemes: bool = False,
     ) -> SplitDataLoader:
-        """A :class:`~syvain_training_data.loader.SplitDataLoader` over the manifest at
+        """A :class:`~syvain_training_data.SplitDataLoader` over the manifest at
         ``manifest_uri``, read once, now (SPEC section 6). Needs the ``torch`` extra.
 
         An ``s3://`` manifest may name only ``s3://`` shards and a ``file://`` manifest only
@@ -148,9 +148,7 @@ class SyvainTrainingData:
         """
         from syvain_training_data.loading.split_loader import SplitDataLoader
 
-        # The lead's loader takes allow_mixed_schemes (and checks shards with
-        # uris.check_shard_scheme); drop this ignore once it does.
-        return SplitDataLoader(  # type: ignore[call-arg]
+        return SplitDataLoader(
             self.load_manifest(manifest_uri),
             collate_fn,
             dataloader_args,

@@ -26,6 +26,7 @@ from syvain_training_data.loading.dataloader import SyvainDataLoader, endless
 from syvain_training_data.loading.dataset import ShardDataset, stream_tables
 from syvain_training_data.manifest import DataManifest, ManifestShard
 from syvain_training_data.storage import StorageConfig
+from syvain_training_data.uris import check_shard_scheme
 
 __all__ = ["SplitDataLoader"]
 
@@ -71,7 +72,10 @@ class SplitDataLoader:
         *,
         storage_config: StorageConfig | None = None,
         manifest_uri: str | None = None,
+        allow_mixed_schemes: bool = False,
     ) -> None:
+        """``manifest_uri`` (where the manifest was read) confines its shards to the same
+        scheme unless ``allow_mixed_schemes`` (SPEC section 4)."""
         args = dict(dataloader_args or {})
         if "collate_fn" in args:
             raise ValueError("Pass collate_fn to split_data_loader, not dataloader_args")
@@ -88,6 +92,7 @@ class SplitDataLoader:
         self.collate_fn = collate_fn
         self.dataloader_args = args
         self.storage_config = storage_config or StorageConfig()
+        self.allow_mixed_schemes = allow_mixed_schemes
 
     def select_shards(
         self,
@@ -246,6 +251,11 @@ class SplitDataLoader:
         ):
             curriculum_stages = list(mixing_weights)
         shards, groups, stages = self._select(split, curriculum_stage, curriculum_stages)
+        if self.manifest_uri is not None:
+            for shard in shards:
+                check_shard_scheme(
+                    self.manifest_uri, shard.uri, allow_mixed_schemes=self.allow_mixed_schemes
+                )
         weights = None
         if mixing_weights is not None:
             if curriculum_stages is None:
