@@ -12,9 +12,15 @@
 //!   jsonl.gz shards can be that large; the saver documents it.
 //! - Every attempt is retried whole under the SPEC budget (`ops::with_retries`), including a
 //!   multipart upload the store forgot (NoSuchUpload, transient in `classify`).
-//! - The local directory store copies the file beside its destination and links it into place
-//!   (create-only: a hard link fails when the name exists) or renames it (overwrite); the staged
-//!   copy is removed in every case.
+//! - A single PUT of a file sends the file mapped into memory (page cache, not heap), so a
+//!   5 GiB create-only shard uploads without 5 GiB of process memory.
+//! - A retried create-only PUT that finds the object holding exactly its bytes succeeds: the
+//!   answer to an earlier attempt that stored them was lost.
+//! - A multipart upload is aborted on any failure and when Ctrl-C cancels it.
+//! - The local directory store copies the file beside its destination (under a name listings
+//!   skip) and links it into place (create-only: a hard link fails when the name exists) or
+//!   renames it (overwrite); the staged copy is removed in every case, and one left by a killed
+//!   writer is removed when the key is written again.
 
 use std::collections::HashMap;
 use std::fs::File;
