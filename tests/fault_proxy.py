@@ -21,6 +21,8 @@ Faults (factories below, all returning a ``Fault``):
 ``status(code, ...)``    answers itself with an S3 XML error; upstream is never contacted.
 ``close_before_headers`` reads the request, then closes (FIN) without any answer.
 ``short_body(n)``        response head (original Content-Length) + n body bytes, then FIN.
+``drop_response``        forwards the request, lets upstream answer in full (so a PUT is
+                         stored), then closes the client connection without a byte of it.
 
 "Body bytes" are payload bytes for Content-Length bodies and raw wire bytes for chunked ones;
 n larger than the body forwards the whole body before cutting. After a cut, the upstream
@@ -69,7 +71,8 @@ class Fault:
     """One scripted fault. Build with the factories; ``method``/``target`` restrict which
     requests it applies to (``target`` is a substring of the request target)."""
 
-    kind: str  # reset_after | stall_after | status | close_before_headers | short_body
+    # reset_after | stall_after | status | close_before_headers | short_body | drop_response
+    kind: str
     n_body_bytes: int = 0
     seconds: float = 0.0
     code: int = 0
@@ -150,6 +153,12 @@ def short_body(n_body_bytes: int, *, method: str | None = None, target: str | No
     """Forward the response head (original Content-Length) and only ``n_body_bytes``, then a
     clean close (FIN)."""
     return Fault("short_body", n_body_bytes=n_body_bytes, method=method, target=target)
+
+
+def drop_response(*, method: str | None = None, target: str | None = None) -> Fault:
+    """Forward the request and read upstream's whole answer (the server did the work), then
+    close the client connection (FIN) without answering: a response lost on the way back."""
+    return Fault("drop_response", method=method, target=target)
 
 
 @dataclass(frozen=True)
@@ -595,8 +604,14 @@ class FaultProxy:
                 if "close" in response.tokens("connection") or response_framing[0] == "eof":
                     close_after = True
 
-                client.sendall(response.raw)
                 pieces = _body_pieces(up_reader, response_framing)
+                if fault is not None and fault.kind == "drop_response":
+                    for _ in pieces:
+                        pass
+                    cut = True
+                    _close_clean(client)
+                    return
+                client.sendall(response.raw)
                 if fault is None:
                     _forward(pieces, client)
                     if close_after:

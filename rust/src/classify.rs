@@ -1,6 +1,8 @@
 //! Sorting storage failures into "retry" (transient) and "fail closed at once" (SPEC section 4).
 
-use crate::error::NativeError;
+use std::io::ErrorKind;
+
+use crate::error::{io_error, NativeError};
 
 /// What to do with a failed attempt.
 #[derive(Debug)]
@@ -19,6 +21,17 @@ pub fn first_line(message: &str) -> &str {
 /// Classifies an `object_store` error raised while operating on `uri`.
 pub fn classify(uri: &str, error: object_store::Error, if_match: Option<&str>) -> Failure {
     use object_store::Error as E;
+    if matches!(
+        error,
+        E::Generic {
+            store: "LocalFileSystem",
+            ..
+        }
+    ) {
+        if let Some(io) = io_source(&error) {
+            return classify_local_io(uri, io);
+        }
+    }
     let detail = error_chain(&error);
     match error {
         // A multipart upload the store forgot: the whole write is retried (SPEC section 4).
@@ -54,6 +67,36 @@ pub fn classify(uri: &str, error: object_store::Error, if_match: Option<&str>) -
         }),
         _ => classify_generic(uri, detail),
     }
+}
+
+/// The `io::Error` underneath a local-store error, if any.
+fn io_source<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a std::io::Error> {
+    let mut current = Some(error);
+    while let Some(inner) = current {
+        if let Some(io) = inner.downcast_ref::<std::io::Error>() {
+            return Some(io);
+        }
+        current = inner.source();
+    }
+    None
+}
+
+/// A local file error heals on retry only when the call was interrupted or timed out; not a
+/// directory, permission denied, no space, read-only file system and the rest fail at once.
+fn is_transient_io(kind: ErrorKind) -> bool {
+    matches!(
+        kind,
+        ErrorKind::Interrupted | ErrorKind::WouldBlock | ErrorKind::TimedOut
+    )
+}
+
+/// Sorts a local-store failure by its `io::ErrorKind` (never by message text).
+pub fn classify_local_io(uri: &str, error: &std::io::Error) -> Failure {
+    if is_transient_io(error.kind()) {
+        return Failure::Transient(format!("{uri}: {error}"));
+    }
+    let path = uri.strip_prefix("file://").unwrap_or(uri);
+    Failure::Fatal(io_error("Cannot access", std::path::Path::new(path), error))
 }
 
 /// Generic errors carry an HTTP status in their text when the server answered at all.
@@ -116,6 +159,41 @@ mod tests {
         assert!(is_permanent_status(400, "InvalidArgument"));
         assert!(matches!(
             classify_generic("s3://b/k", "connection reset by peer".into()),
+            Failure::Transient(_)
+        ));
+    }
+
+    fn local_failure(error: std::io::Error) -> Failure {
+        let error = object_store::Error::Generic {
+            store: "LocalFileSystem",
+            source: Box::new(error),
+        };
+        classify("file:///data/x.json", error, None)
+    }
+
+    #[test]
+    fn local_errors_that_cannot_heal_fail_at_once_with_their_errno() {
+        for kind in [
+            ErrorKind::NotADirectory,
+            ErrorKind::PermissionDenied,
+            ErrorKind::StorageFull,
+            ErrorKind::ReadOnlyFilesystem,
+            ErrorKind::IsADirectory,
+        ] {
+            match local_failure(std::io::Error::from(kind)) {
+                Failure::Fatal(NativeError::Io { path, .. }) => assert_eq!(path, "/data/x.json"),
+                other => panic!("{kind:?}: {other:?}"),
+            }
+        }
+        // errno 28 (ENOSPC) and 30 (EROFS) as the kernel reports them.
+        for errno in [28, 30] {
+            match local_failure(std::io::Error::from_raw_os_error(errno)) {
+                Failure::Fatal(NativeError::Io { errno: got, .. }) => assert_eq!(got, Some(errno)),
+                other => panic!("errno {errno}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            local_failure(std::io::Error::from(ErrorKind::Interrupted)),
             Failure::Transient(_)
         ));
     }

@@ -6,18 +6,20 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::TryStreamExt;
-use object_store::{Attribute, Attributes, ObjectStore, PutMode, PutOptions, PutPayload};
+use object_store::{Attribute, Attributes, ObjectStore, PutPayload};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::classify::{classify, Failure};
 use crate::codec::ShardReader;
-use crate::error::{NativeError, NativeResult};
+use crate::error::{refuse_special_file, NativeError, NativeResult};
 use crate::ops::{log_warning, with_retries};
 use crate::policy;
+use crate::runtime::fork_guard;
 use crate::store::{build_store, Location, StoreConfig};
 use crate::stream::{Received, StoreFactory, StreamReader, StreamRequest};
+use crate::upload::put_payload;
 
 /// Stores built in this process, by bucket; rebuilt after a fork (their pools are not shared).
 type StoreCache = Mutex<HashMap<String, (u32, Arc<dyn ObjectStore>)>>;
@@ -37,15 +39,20 @@ impl NativeStorage {
     ) -> NativeResult<Arc<dyn ObjectStore>> {
         let pid = std::process::id();
         let key = location.store_key();
-        let mut stores = self.stores.lock().unwrap_or_else(|p| p.into_inner());
         if !fresh {
+            let _no_fork = fork_guard();
+            let stores = self.stores.lock().unwrap_or_else(|p| p.into_inner());
             if let Some((owner, store)) = stores.get(&key) {
                 if *owner == pid {
                     return Ok(store.clone());
                 }
             }
         }
+        // Built outside the lock: a fork while the lock is held would leave it held forever in
+        // the child, and building a client takes a while.
         let store = build_store(&self.config, location, &policy::current())?;
+        let _no_fork = fork_guard();
+        let mut stores = self.stores.lock().unwrap_or_else(|p| p.into_inner());
         stores.insert(key, (pid, store.clone()));
         Ok(store)
     }
@@ -66,6 +73,15 @@ impl NativeStorage {
         format: Option<&'static str>,
     ) -> NativeResult<StreamReader> {
         let location = Location::parse(uri, false)?;
+        let etag = match &location {
+            // A local file's etag (inode, mtime) changes with every copy or restore of the same
+            // bytes, so it is not enforced (SPEC section 4); the size guards the read.
+            Location::File { path } => {
+                refuse_special_file(std::path::Path::new(path), true)?;
+                None
+            }
+            Location::S3 { .. } => etag,
+        };
         if start > size {
             return Err(NativeError::Config(format!(
                 "{uri}: start offset {start} is past the size {size}"
@@ -142,6 +158,9 @@ impl NativeStorage {
     /// The whole object as bytes. FileNotFoundError if it does not exist.
     fn get<'py>(&self, py: Python<'py>, uri: &str) -> NativeResult<Bound<'py, PyBytes>> {
         let location = Location::parse(uri, false)?;
+        if let Location::File { path } = &location {
+            refuse_special_file(std::path::Path::new(path), true)?;
+        }
         let path = location.object_path();
         let owned_uri = uri.to_string();
         let data = with_retries(py, "GET", uri, |fresh| {
@@ -189,32 +208,10 @@ impl NativeStorage {
         create_only: bool,
     ) -> NativeResult<(u64, String)> {
         let location = Location::parse(uri, false)?;
-        let path = location.object_path();
-        let size = data.len() as u64;
         // Zero copy: the payload borrows the Python bytes object (kept alive by the Bytes owner).
         let payload = PutPayload::from(Bytes::from_owner(data));
         let attributes = object_attributes(&location, content_type, metadata.unwrap_or_default());
-        let owned_uri = uri.to_string();
-        with_retries(py, "PUT", uri, |fresh| {
-            let store = self.store(&location, fresh)?;
-            let (path, uri, payload) = (path.clone(), owned_uri.clone(), payload.clone());
-            let options = PutOptions {
-                mode: if create_only {
-                    PutMode::Create
-                } else {
-                    PutMode::Overwrite
-                },
-                attributes: attributes.clone(),
-                ..Default::default()
-            };
-            Ok(async move {
-                let result = store
-                    .put_opts(&path, payload, options)
-                    .await
-                    .map_err(|e| classify(&uri, e, None))?;
-                Ok((size, result.e_tag.unwrap_or_default()))
-            })
-        })
+        put_payload(py, self, uri, payload, attributes, create_only)
     }
 
     /// Deletes an object (no error if it is already gone).

@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use sha2::{Digest, Sha256};
 
 use crate::client::NativeStorage;
-use crate::error::{NativeError, NativeResult};
+use crate::error::{io_error, NativeError, NativeResult};
 use crate::ops::log_warning;
 use crate::stream::{Received, StreamReader};
 
@@ -34,7 +34,7 @@ impl PartialFile {
             .write(true)
             .create_new(true)
             .open(path)
-            .map_err(|e| io_error("Cannot create", path, e))?;
+            .map_err(|e| io_error("Cannot create", path, &e))?;
         Ok(PartialFile {
             path: path.to_path_buf(),
             file: Some(file),
@@ -51,10 +51,6 @@ impl Drop for PartialFile {
             let _ = std::fs::remove_file(&self.path);
         }
     }
-}
-
-fn io_error(what: &str, path: &Path, error: std::io::Error) -> NativeError {
-    NativeError::Io(format!("{what} {}: {error}", path.display()))
 }
 
 /// What one GIL-free stretch of the download ended with.
@@ -75,7 +71,7 @@ fn pump(
     let file = partial
         .file
         .as_mut()
-        .ok_or_else(|| NativeError::Io(format!("{} is closed", partial.path.display())))?;
+        .ok_or_else(|| NativeError::Task(format!("{} is closed", partial.path.display())))?;
     loop {
         let left = SIGNAL_POLL.saturating_sub(started.elapsed());
         if left.is_zero() {
@@ -85,7 +81,7 @@ fn pump(
             Received::Chunk(chunk) => {
                 hasher.update(&chunk);
                 file.write_all(&chunk)
-                    .map_err(|e| io_error("Cannot write", &partial.path, e))?;
+                    .map_err(|e| io_error("Cannot write", &partial.path, &e))?;
                 *written += chunk.len() as u64;
             }
             Received::End => return Ok(Step::Done),
@@ -149,7 +145,7 @@ fn download_object(
     }
     if let Some(file) = partial.file.as_mut() {
         file.flush()
-            .map_err(|e| io_error("Cannot write", &partial.path, e))?;
+            .map_err(|e| io_error("Cannot write", &partial.path, &e))?;
     }
     partial.finished = true;
     Ok((written, hex::encode(hasher.finalize())))

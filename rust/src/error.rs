@@ -65,14 +65,23 @@ pub enum NativeError {
         uri: String,
         reason: String,
     },
-    /// A local file could not be created, written or read (OSError).
-    #[error("{0}")]
-    Io(String),
+    /// A local file could not be created, written or read: OSError, whose subclass follows
+    /// errno (PermissionError, NotADirectoryError, ...), with the path as its filename.
+    #[error("{what} {path}: {reason}")]
+    Io {
+        what: String,
+        path: String,
+        reason: String,
+        errno: Option<i32>,
+    },
     /// A record handed to an encoder cannot be written (ValueError, nothing written).
     #[error("{0}")]
     Encode(String),
     #[error("interrupted")]
     Interrupted,
+    /// A storage task ended without an answer (it panicked or was cancelled).
+    #[error("storage task failed: {0}")]
+    Task(String),
     /// The caller cancelled a download (InterruptedError).
     #[error("Download of {0} cancelled")]
     Cancelled(String),
@@ -82,6 +91,58 @@ pub enum NativeError {
 }
 
 pub type NativeResult<T> = Result<T, NativeError>;
+
+/// The one way to report a failed local file operation: `what` ("Cannot read") and the path.
+pub fn io_error(what: &str, path: &std::path::Path, error: &std::io::Error) -> NativeError {
+    NativeError::Io {
+        what: what.to_string(),
+        path: path.display().to_string(),
+        reason: error.to_string(),
+        errno: error.raw_os_error(),
+    }
+}
+
+/// A local path that exists but is no regular file (a FIFO or device would block or never end).
+pub fn not_a_regular_file(path: &std::path::Path, file_type: std::fs::FileType) -> NativeError {
+    NativeError::Io {
+        what: "Cannot read".to_string(),
+        path: path.display().to_string(),
+        reason: format!("not a regular file ({})", describe_file_type(file_type)),
+        errno: None,
+    }
+}
+
+fn describe_file_type(file_type: std::fs::FileType) -> &'static str {
+    if file_type.is_dir() {
+        return "a directory";
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if file_type.is_fifo() {
+            return "a FIFO";
+        }
+        if file_type.is_char_device() || file_type.is_block_device() {
+            return "a device";
+        }
+        if file_type.is_socket() {
+            return "a socket";
+        }
+    }
+    "a special file"
+}
+
+/// Fails when `path` exists and is a FIFO, device or socket (symbolic links followed): opening
+/// or reading one would block or never end. A directory fails too unless `allow_directory`
+/// (the local store reports it as a missing object). A path that cannot be looked at passes:
+/// the operation itself then reports why.
+pub fn refuse_special_file(path: &std::path::Path, allow_directory: bool) -> NativeResult<()> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() || allow_directory && meta.is_dir() => Ok(()),
+        Ok(meta) => Err(not_a_regular_file(path, meta.file_type())),
+        Err(_) => Ok(()),
+    }
+}
 
 impl From<NativeError> for PyErr {
     fn from(err: NativeError) -> PyErr {
@@ -97,8 +158,16 @@ impl From<NativeError> for PyErr {
             }
             NativeError::InvalidData(_)
             | NativeError::Storage { .. }
-            | NativeError::Shard { .. } => PyRuntimeError::new_err(message),
-            NativeError::Io(_) => PyOSError::new_err(message),
+            | NativeError::Shard { .. }
+            | NativeError::Task(_) => PyRuntimeError::new_err(message),
+            // OSError(errno, strerror, filename) picks the subclass that matches errno.
+            NativeError::Io {
+                what,
+                path,
+                reason,
+                errno: Some(errno),
+            } => PyOSError::new_err((errno, format!("{what}: {reason}"), path)),
+            NativeError::Io { errno: None, .. } => PyOSError::new_err(message),
             NativeError::Cancelled(_) => PyInterruptedError::new_err(message),
             NativeError::Interrupted => PyKeyboardInterrupt::new_err("interrupted"),
             NativeError::Python(e) => e,

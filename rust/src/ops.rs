@@ -1,6 +1,7 @@
 //! Running storage futures from Python: GIL released, Ctrl-C honoured, retries under the budget.
 
 use std::future::Future;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use pyo3::prelude::*;
@@ -8,10 +9,37 @@ use pyo3::prelude::*;
 use crate::classify::{first_line, Failure};
 use crate::error::{NativeError, NativeResult};
 use crate::policy::{self, Budget};
-use crate::runtime::runtime;
+use crate::runtime::{fork_guard, runtime};
+use tokio::task::JoinHandle;
 
 /// How often a blocked call wakes to look for Ctrl-C.
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
+
+/// How long Ctrl-C waits for cleanups (aborting a multipart upload) before it is reported.
+const CLEANUP_GRACE: Duration = Duration::from_secs(10);
+
+/// Cleanup requests started by a cancelled operation, for `wait` to let finish.
+static CLEANUPS: Mutex<Vec<JoinHandle<()>>> = Mutex::new(Vec::new());
+
+fn lock_cleanups() -> std::sync::MutexGuard<'static, Vec<JoinHandle<()>>> {
+    CLEANUPS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Starts a cleanup request (from a `Drop`, inside the runtime) that an interrupted `wait`
+/// lets finish before it returns.
+pub fn spawn_cleanup<F>(future: F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let task = handle.spawn(future);
+    let _no_fork = fork_guard();
+    let mut cleanups = lock_cleanups();
+    cleanups.retain(|task| !task.is_finished());
+    cleanups.push(task);
+}
 
 /// Runs `future` on the process runtime with the GIL released; Ctrl-C aborts it.
 pub fn wait<F, T>(py: Python<'_>, future: F) -> NativeResult<T>
@@ -27,15 +55,22 @@ where
         });
         match polled {
             Ok(Ok(value)) => return Ok(value),
-            Ok(Err(join_error)) => {
-                return Err(NativeError::Storage {
-                    uri: String::new(),
-                    detail: format!("storage task failed: {join_error}"),
-                })
-            }
+            Ok(Err(join_error)) => return Err(NativeError::Task(join_error.to_string())),
             Err(_) => {
                 if let Err(interrupt) = py.check_signals() {
                     handle.abort();
+                    // Let the cancelled task drop (starting its cleanups), then let those run.
+                    py.allow_threads(|| {
+                        runtime.block_on(async {
+                            let _ = (&mut handle).await;
+                            let cleanups = {
+                                let _no_fork = fork_guard();
+                                std::mem::take(&mut *lock_cleanups())
+                            };
+                            let all = futures::future::join_all(cleanups);
+                            let _ = tokio::time::timeout(CLEANUP_GRACE, all).await;
+                        })
+                    });
                     return Err(interrupt.into());
                 }
             }

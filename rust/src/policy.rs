@@ -5,6 +5,8 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 
+use crate::runtime::fork_guard;
+
 /// Every constant of the storage layer's timing. Users get `Policy::SPEC`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Policy {
@@ -35,11 +37,13 @@ static CURRENT: RwLock<Policy> = RwLock::new(Policy::SPEC);
 
 /// The policy in force for new operations.
 pub fn current() -> Policy {
+    let _no_fork = fork_guard();
     *CURRENT.read().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Replaces the policy (testing seam; see `syvain_training_data.storage.testing`).
 pub fn set(policy: Policy) {
+    let _no_fork = fork_guard();
     *CURRENT.write().unwrap_or_else(|p| p.into_inner()) = policy;
 }
 

@@ -57,11 +57,7 @@ impl Location {
     pub fn parse(uri: &str, allow_prefix: bool) -> NativeResult<Location> {
         if let Some(rest) = uri.strip_prefix("s3://") {
             let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
-            if bucket.is_empty() {
-                return Err(NativeError::Config(format!(
-                    "Invalid object URI {uri}: the bucket is empty"
-                )));
-            }
+            validate_bucket(uri, bucket)?;
             if key.is_empty() && !allow_prefix {
                 return Err(NativeError::Config(format!(
                     "Invalid object URI {uri}: the key is empty"
@@ -118,6 +114,26 @@ impl Location {
     pub fn is_local(&self) -> bool {
         matches!(self, Location::File { .. })
     }
+}
+
+/// A bucket name ends up in the request's host (virtual-hosted style) or path: anything that
+/// could change where the request goes (`/ ? # @ : %`, whitespace, control characters, and
+/// every other character a bucket never holds) is refused before any request is built.
+fn validate_bucket(uri: &str, bucket: &str) -> NativeResult<()> {
+    if bucket.is_empty() {
+        return Err(NativeError::Config(format!(
+            "Invalid object URI {uri}: the bucket is empty"
+        )));
+    }
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
+    if let Some(bad) = bucket.chars().find(|c| !allowed(*c)) {
+        return Err(NativeError::Config(format!(
+            "Invalid object URI {}: the bucket name holds {bad:?}; bucket names may hold only \
+             letters, digits, '.', '-' and '_'",
+            uri.escape_debug()
+        )));
+    }
+    Ok(())
 }
 
 fn validate_key(uri: &str, key: &str, allow_prefix: bool) -> NativeResult<()> {
@@ -202,21 +218,28 @@ fn build_s3(
 }
 
 /// The endpoint URL: the base as given (path style), or with the bucket as a sub-domain.
+/// Built with `url::Url`, so a bucket can only ever become a host label, never a new host.
 pub fn endpoint_for(base: &str, bucket: &str, virtual_hosted: bool) -> NativeResult<String> {
-    let url = url::Url::parse(base)
+    let mut url = url::Url::parse(base)
         .map_err(|e| NativeError::Config(format!("Invalid s3_base_url {base:?}: {e}")))?;
-    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+    let Some(host) = url.host_str().map(str::to_string) else {
+        return Err(NativeError::Config(format!(
+            "Invalid s3_base_url {base:?}: expected http(s)://host[:port]"
+        )));
+    };
+    if !matches!(url.scheme(), "http" | "https") {
         return Err(NativeError::Config(format!(
             "Invalid s3_base_url {base:?}: expected http(s)://host[:port]"
         )));
     }
-    let trimmed = base.trim_end_matches('/').to_string();
     if !virtual_hosted {
-        return Ok(trimmed);
+        return Ok(base.trim_end_matches('/').to_string());
     }
-    let host = url.host_str().unwrap_or_default();
-    let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
-    Ok(format!("{}://{bucket}.{host}{port}", url.scheme()))
+    validate_bucket(&format!("s3://{bucket}"), bucket)?;
+    url.set_host(Some(&format!("{bucket}.{host}")))
+        .map_err(|e| NativeError::Config(format!("Invalid bucket {bucket:?} for {base:?}: {e}")))?;
+    url.set_path("");
+    Ok(url.as_str().trim_end_matches('/').to_string())
 }
 
 #[cfg(test)]
@@ -265,14 +288,40 @@ mod tests {
     #[test]
     fn virtual_hosted_endpoint_puts_the_bucket_in_the_host() {
         assert_eq!(
-            endpoint_for("http://127.0.0.1:9000/", "data", true).unwrap(),
-            "http://data.127.0.0.1:9000"
+            endpoint_for("http://localhost:9000/", "data", true).unwrap(),
+            "http://data.localhost:9000"
         );
         assert_eq!(
             endpoint_for("http://127.0.0.1:9000/", "data", false).unwrap(),
             "http://127.0.0.1:9000"
         );
         assert!(endpoint_for("ftp://x", "data", false).is_err());
+    }
+
+    #[test]
+    fn bucket_names_that_could_redirect_a_request_are_refused() {
+        for bucket in [
+            "127.0.0.1:9000#",
+            "a?b",
+            "a#b",
+            "a@b",
+            "a:b",
+            "a%2fb",
+            "a b",
+            "a\tb",
+            "a\nb",
+            "a\\b",
+            "a[b]",
+            "é",
+        ] {
+            let uri = format!("s3://{bucket}/x.json");
+            assert!(Location::parse(&uri, false).is_err(), "{uri}");
+            assert!(
+                endpoint_for("http://127.0.0.1:9000", bucket, true).is_err(),
+                "{bucket}"
+            );
+        }
+        assert!(Location::parse("s3://my-data.v2_x/x.json", false).is_ok());
     }
 
     #[test]

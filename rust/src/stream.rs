@@ -201,11 +201,10 @@ impl Drop for StreamReader {
 /// Local files are read in 1 MiB pieces off the runtime (object_store's own stream reads 8 KiB).
 fn body_stream(response: GetResult) -> BoxStream<'static, object_store::Result<Bytes>> {
     match response.payload {
-        GetResultPayload::File(file, path) => {
+        GetResultPayload::File(file, _) => {
             let range = response.range;
             let state = (Some(file), range.start, range.end);
             futures::stream::try_unfold(state, move |(file, position, end)| {
-                let path = path.clone();
                 async move {
                     let Some(mut file) = file else {
                         return Ok(None);
@@ -230,9 +229,8 @@ fn body_stream(response: GetResult) -> BoxStream<'static, object_store::Result<B
                     };
                     let (file, buffer) = match read {
                         Ok(Ok(done)) => done,
-                        Ok(Err(io)) => {
-                            return Err(generic(format!("{}: {io}", path.display()).into()))
-                        }
+                        // The io::Error itself, so that `classify` sorts it by its kind.
+                        Ok(Err(io)) => return Err(generic(Box::new(io))),
                         Err(join) => return Err(generic(Box::new(join))),
                     };
                     if buffer.is_empty() {

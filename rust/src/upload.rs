@@ -12,9 +12,15 @@
 //!   jsonl.gz shards can be that large; the saver documents it.
 //! - Every attempt is retried whole under the SPEC budget (`ops::with_retries`), including a
 //!   multipart upload the store forgot (NoSuchUpload, transient in `classify`).
-//! - The local directory store copies the file beside its destination and links it into place
-//!   (create-only: a hard link fails when the name exists) or renames it (overwrite); the staged
-//!   copy is removed in every case.
+//! - A single PUT of a file sends the file mapped into memory (page cache, not heap), so a
+//!   5 GiB create-only shard uploads without 5 GiB of process memory.
+//! - A retried create-only PUT that finds the object holding exactly its bytes succeeds: the
+//!   answer to an earlier attempt that stored them was lost.
+//! - A multipart upload is aborted on any failure and when Ctrl-C cancels it.
+//! - The local directory store copies the file beside its destination (under a name listings
+//!   skip) and links it into place (create-only: a hard link fails when the name exists) or
+//!   renames it (overwrite); the staged copy is removed in every case, and one left by a killed
+//!   writer is removed when the key is written again.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -25,15 +31,17 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::stream::{FuturesUnordered, StreamExt};
 use object_store::path::Path;
-use object_store::{Attributes, ObjectStore, PutMode, PutMultipartOptions, PutOptions, PutPayload};
+use object_store::{
+    Attributes, MultipartUpload, ObjectStore, PutMode, PutMultipartOptions, PutOptions, PutPayload,
+};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 
 use crate::classify::{classify, Failure};
 use crate::client::object_attributes;
 use crate::client::NativeStorage;
-use crate::error::{NativeError, NativeResult};
-use crate::ops::with_retries;
+use crate::error::{io_error, refuse_special_file, NativeError, NativeResult};
+use crate::ops::{spawn_cleanup, with_retries};
 use crate::store::Location;
 
 /// S3's limit for one PUT, and so for a create-only object written in one request.
@@ -54,7 +62,11 @@ fn mode(create_only: bool) -> PutMode {
 }
 
 /// One PUT of an in-memory payload under the retry budget; returns (size, etag).
-fn put_payload(
+///
+/// A retried create-only PUT that finds the object already there compares it with the payload:
+/// an earlier attempt whose answer was lost may have stored it, and those very bytes are a
+/// success, not FileExistsError (different bytes still are).
+pub(crate) fn put_payload(
     py: Python<'_>,
     storage: &NativeStorage,
     uri: &str,
@@ -66,8 +78,8 @@ fn put_payload(
     let path = location.object_path();
     let size = payload.content_length() as u64;
     let owned_uri = uri.to_string();
-    with_retries(py, "PUT", uri, |fresh| {
-        let store = storage.store(&location, fresh)?;
+    with_retries(py, "PUT", uri, |retry| {
+        let store = storage.store(&location, retry)?;
         let (path, uri, payload) = (path.clone(), owned_uri.clone(), payload.clone());
         let options = PutOptions {
             mode: mode(create_only),
@@ -75,13 +87,63 @@ fn put_payload(
             ..Default::default()
         };
         Ok(async move {
-            let result = store
-                .put_opts(&path, payload, options)
-                .await
-                .map_err(|e| classify(&uri, e, None))?;
-            Ok((size, result.e_tag.unwrap_or_default()))
+            let failure = match store.put_opts(&path, payload.clone(), options).await {
+                Ok(result) => return Ok((size, result.e_tag.unwrap_or_default())),
+                Err(e) => classify(&uri, e, None),
+            };
+            let exists = matches!(failure, Failure::Fatal(NativeError::AlreadyExists { .. }));
+            if create_only && retry && exists {
+                if let Some(etag) = stored_etag_if_same(&*store, &path, &uri, &payload).await? {
+                    return Ok((size, etag));
+                }
+            }
+            Err(failure)
         })
     })
+}
+
+/// The object's etag when it holds exactly `expected` (size first, then every byte, streamed
+/// so memory stays one chunk); None when it differs.
+async fn stored_etag_if_same(
+    store: &dyn ObjectStore,
+    path: &Path,
+    uri: &str,
+    expected: &PutPayload,
+) -> Result<Option<String>, Failure> {
+    let response = store.get(path).await.map_err(|e| classify(uri, e, None))?;
+    let size = response.meta.size;
+    if size != expected.content_length() as u64 {
+        return Ok(None);
+    }
+    let etag = response.meta.e_tag.clone().unwrap_or_default();
+    let mut pieces = expected.iter().map(|piece| piece.as_ref());
+    let mut want: &[u8] = &[];
+    let mut received = 0u64;
+    let mut body = response.into_stream();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| classify(uri, e, None))?;
+        received += chunk.len() as u64;
+        let mut got: &[u8] = &chunk;
+        while !got.is_empty() {
+            while want.is_empty() {
+                match pieces.next() {
+                    Some(piece) => want = piece,
+                    None => return Ok(None),
+                }
+            }
+            let n = want.len().min(got.len());
+            if want[..n] != got[..n] {
+                return Ok(None);
+            }
+            (want, got) = (&want[n..], &got[n..]);
+        }
+    }
+    if received < size {
+        return Err(Failure::Transient(format!(
+            "{uri}: body ended at {received} of {size} bytes while comparing it"
+        )));
+    }
+    Ok(Some(etag))
 }
 
 /// Writes an object from its chunks without joining them (each chunk is borrowed from its
@@ -107,14 +169,24 @@ fn put_chunks(
     put_payload(py, storage, uri, payload, attributes, create_only)
 }
 
-fn io_error(what: &str, path: &FsPath, error: std::io::Error) -> NativeError {
-    NativeError::Config(format!("{what} {}: {error}", path.display()))
-}
-
-fn read_whole(path: &FsPath) -> NativeResult<Bytes> {
-    std::fs::read(path)
-        .map(Bytes::from)
-        .map_err(|e| io_error("Cannot read", path, e))
+/// The file as one payload without reading it onto the heap: its pages are mapped, so the
+/// kernel reads them in as the request is hashed and sent and may drop them again (page cache,
+/// not process memory). The spool file is ours alone; nothing truncates it under the upload.
+fn mapped_payload(path: &FsPath) -> NativeResult<PutPayload> {
+    let file = File::open(path).map_err(|e| io_error("Cannot open", path, &e))?;
+    if file
+        .metadata()
+        .map_err(|e| io_error("Cannot read", path, &e))?
+        .len()
+        == 0
+    {
+        return Ok(PutPayload::new());
+    }
+    // SAFETY: the mapping is read-only and the file is not modified while it is uploaded.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| io_error("Cannot map", path, &e))?;
+    #[cfg(unix)]
+    let _ = map.advise(memmap2::Advice::Sequential);
+    Ok(PutPayload::from(Bytes::from_owner(map)))
 }
 
 /// Reads up to `size` bytes at the file's current position (fewer only at its end).
@@ -133,25 +205,62 @@ impl Drop for Staged {
     }
 }
 
+/// Staged copies are named `{name}#{pid:010}{token:010}`: the local store's listing skips a
+/// name whose suffix after '#' is all digits (object_store names its own staging files so), so
+/// a copy left by a killed writer never shows up as an object, and the pid tells whose it is.
 fn staging_name(dest: &FsPath) -> PathBuf {
-    let name = dest
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let token: u64 = rand::random();
-    dest.with_file_name(format!(
-        ".{name}.{}-{token:016x}.staging",
-        std::process::id()
-    ))
+    let mut name = dest.as_os_str().to_owned();
+    let token: u32 = rand::random();
+    name.push(format!("#{:010}{token:010}", std::process::id()));
+    PathBuf::from(name)
+}
+
+/// Removes staged copies of `dest` whose writer process is gone (killed mid-copy).
+#[cfg(unix)]
+fn remove_stale_staging(dest: &FsPath) {
+    let (Some(dir), Some(name)) = (dest.parent(), dest.file_name()) else {
+        return;
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let prefix = format!("{}#", name.to_string_lossy());
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(suffix) = file_name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+            continue;
+        };
+        if suffix.len() != 20 || !suffix.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(pid) = suffix[..10].parse::<libc::pid_t>() else {
+            continue;
+        };
+        if !process_alive(pid) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+#[cfg(not(unix))]
+fn remove_stale_staging(_dest: &FsPath) {}
+
+/// Whether a process with this id exists (signal 0 checks without sending anything).
+#[cfg(unix)]
+fn process_alive(pid: libc::pid_t) -> bool {
+    // SAFETY: kill with signal 0 only asks whether the process exists.
+    let found = unsafe { libc::kill(pid, 0) } == 0;
+    found || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 /// The local directory store: copy beside the destination, then link (create-only) or rename.
 fn put_local_file(uri: &str, dest: &FsPath, src: &FsPath, create_only: bool) -> NativeResult<()> {
     if let Some(parent) = dest.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| io_error("Cannot create", parent, e))?;
+        std::fs::create_dir_all(parent).map_err(|e| io_error("Cannot create", parent, &e))?;
     }
+    remove_stale_staging(dest);
     let staged = Staged(staging_name(dest));
-    std::fs::copy(src, &staged.0).map_err(|e| io_error("Cannot copy to", &staged.0, e))?;
+    std::fs::copy(src, &staged.0).map_err(|e| io_error("Cannot copy to", &staged.0, &e))?;
     if create_only {
         match std::fs::hard_link(&staged.0, dest) {
             Ok(()) => Ok(()),
@@ -160,10 +269,10 @@ fn put_local_file(uri: &str, dest: &FsPath, src: &FsPath, create_only: bool) -> 
                     uri: uri.to_string(),
                 })
             }
-            Err(e) => Err(io_error("Cannot link", dest, e)),
+            Err(e) => Err(io_error("Cannot link", dest, &e)),
         }
     } else {
-        std::fs::rename(&staged.0, dest).map_err(|e| io_error("Cannot rename to", dest, e))
+        std::fs::rename(&staged.0, dest).map_err(|e| io_error("Cannot rename to", dest, &e))
     }
 }
 
@@ -200,18 +309,24 @@ async fn multipart_attempt(
         attributes,
         ..Default::default()
     };
-    let mut upload = store
+    let upload = store
         .put_multipart_opts(&path, options)
         .await
         .map_err(|e| classify(&uri, e, None))?;
+    let mut guard = AbortUnlessCompleted(Some(upload));
     let sent = async {
+        let Some(upload) = guard.0.as_mut() else {
+            return Err(Failure::Fatal(NativeError::Task(format!(
+                "{uri}: the multipart upload is gone"
+            ))));
+        };
         let mut file = File::open(&file_path)
-            .map_err(|e| Failure::Fatal(io_error("Cannot open", &file_path, e)))?;
+            .map_err(|e| Failure::Fatal(io_error("Cannot open", &file_path, &e)))?;
         let mut in_flight = FuturesUnordered::new();
         let mut offset = 0u64;
         while offset < size {
             let part = tokio::task::block_in_place(|| read_part(&mut file, part_size))
-                .map_err(|e| Failure::Fatal(io_error("Cannot read", &file_path, e)))?;
+                .map_err(|e| Failure::Fatal(io_error("Cannot read", &file_path, &e)))?;
             if part.is_empty() {
                 return Err(Failure::Fatal(NativeError::InvalidData(format!(
                     "{uri}: the file {} shrank while it was uploaded",
@@ -233,10 +348,29 @@ async fn multipart_attempt(
     }
     .await;
     match sent {
-        Ok(result) => Ok((size, result.e_tag.unwrap_or_default())),
+        Ok(result) => {
+            guard.0 = None;
+            Ok((size, result.e_tag.unwrap_or_default()))
+        }
         Err(failure) => {
-            let _ = upload.abort().await;
+            if let Some(mut upload) = guard.0.take() {
+                let _ = upload.abort().await;
+            }
             Err(failure)
+        }
+    }
+}
+
+/// A multipart upload that is aborted unless it completed, also when its attempt is dropped
+/// half-way (Ctrl-C cancels the task that runs it): no orphaned parts stay in the bucket.
+struct AbortUnlessCompleted(Option<Box<dyn MultipartUpload>>);
+
+impl Drop for AbortUnlessCompleted {
+    fn drop(&mut self) {
+        if let Some(mut upload) = self.0.take() {
+            spawn_cleanup(async move {
+                let _ = upload.abort().await;
+            });
         }
     }
 }
@@ -262,8 +396,9 @@ fn put_file(
     part_size: u64,
 ) -> NativeResult<(u64, String)> {
     let location = Location::parse(uri, false)?;
+    refuse_special_file(&path, false)?;
     let size = std::fs::metadata(&path)
-        .map_err(|e| io_error("Cannot read", &path, e))?
+        .map_err(|e| io_error("Cannot read", &path, &e))?
         .len();
     if let Location::File { path: dest } = &location {
         let dest = PathBuf::from(dest);
@@ -274,8 +409,7 @@ fn put_file(
     let attributes = object_attributes(&location, content_type, metadata.unwrap_or_default());
     let single = size <= multipart_threshold.max(1) || create_only && size <= single_put_max;
     if single {
-        // One request needs the body in memory: read it once (the spool's own memory is gone).
-        let payload = PutPayload::from(py.allow_threads(|| read_whole(&path))?);
+        let payload = py.allow_threads(|| mapped_payload(&path))?;
         return put_payload(py, storage, uri, payload, attributes, create_only);
     }
     if create_only {

@@ -1,0 +1,500 @@
+"""Storage hardening (issue 13): requests that must never leave, local faults that fail at once,
+local etags not enforced, lost PUT answers, fork safety, cleanup of interrupted writes and the
+memory of a large single PUT. Real SeaweedFS, real local files, real mounts."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from fault_proxy import drop_response, stall_after
+from syvain_training_data import _native, storage
+from syvain_training_data.storage import StorageConfig
+from syvain_training_data.testing import storage_policy
+
+MIB = 1024 * 1024
+# Far under the 15-minute retry window: anything that fails "at once" fails well inside this.
+FAIL_FAST_S = 10.0
+
+
+def config_for(server, endpoint: str | None = None, **extra: object) -> StorageConfig:
+    return StorageConfig.create(
+        s3_base_url=endpoint or server.endpoint,
+        region=server.region,
+        access_key_id=server.access_key_id,
+        secret_access_key=server.secret_access_key,
+        **extra,
+    )
+
+
+def outcome_within(
+    seconds: float, call: Callable[[], object]
+) -> tuple[BaseException | None, float]:
+    """Runs `call` in a thread; returns (exception or None, seconds taken). Fails the test when
+    it is still running after `seconds` (a hang)."""
+    result: list[BaseException | None] = []
+    started = time.monotonic()
+
+    def run() -> None:
+        try:
+            call()
+            result.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            result.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        pytest.fail(f"still running after {seconds} s (hang)")
+    return result[0], time.monotonic() - started
+
+
+# --- 1. bucket names that could redirect a request ---------------------------------------------
+
+
+@pytest.mark.parametrize("virtual_hosted", [False, True])
+def test_bucket_that_could_redirect_a_request_fails_before_any_request(seaweed, virtual_hosted):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    port = listener.getsockname()[1]
+    # A host name: a virtual-hosted bucket becomes its sub-domain (an IP has none).
+    endpoint = f"http://localhost:{seaweed.port}"
+    config = config_for(seaweed, endpoint, virtual_hosted_style_request=virtual_hosted)
+    try:
+        for bucket in [
+            f"127.0.0.1:{port}#",
+            f"x@127.0.0.1:{port}",
+            f"127.0.0.1:{port}?",
+            "a%2e",
+            "a b",
+            "a\tb",
+            "a\\b",
+        ]:
+            uri = f"s3://{bucket}/x.json"
+            for operation in (
+                lambda uri=uri: storage.get_object(uri, storage_config=config),
+                lambda uri=uri: storage.put_object(uri, b"{}", storage_config=config),
+                lambda uri=uri: storage.head_object(uri, storage_config=config),
+                lambda uri=uri: storage.open_stream(
+                    uri, size_bytes=2, storage_config=config
+                ).read(),
+            ):
+                with pytest.raises(ValueError, match="bucket name"):
+                    operation()
+        readable, _, _ = select.select([listener], [], [], 0.5)
+        assert readable == [], "a request reached the host named inside the bucket"
+    finally:
+        listener.close()
+
+
+# --- 2. file:// objects must be regular files --------------------------------------------------
+
+
+@contextlib.contextmanager
+def fifo(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "shard.bin"
+    os.mkfifo(path)
+    try:
+        yield path
+    finally:
+        # Releases a reader that old code left blocked in open().
+        with contextlib.suppress(OSError):
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def test_a_fifo_is_an_error_naming_it_never_a_hang(tmp_path):
+    with fifo(tmp_path) as path:
+        uri = f"file://{path}"
+        client = storage.native_storage(StorageConfig())
+        for operation in (
+            lambda: storage.get_object(uri),
+            lambda: storage.open_stream(uri, size_bytes=10).read(),
+            lambda: _native.download_object(client, uri, tmp_path / "copy", size_bytes=10),
+            lambda: _native.put_file(client, f"file://{tmp_path}/out.bin", path),
+        ):
+            error, seconds = outcome_within(FAIL_FAST_S, operation)
+            assert isinstance(error, OSError), error
+            assert str(path) in str(error) and "not a regular file (a FIFO)" in str(error)
+            assert seconds < FAIL_FAST_S
+        assert not (tmp_path / "copy").exists() and not (tmp_path / "out.bin").exists()
+
+
+def test_a_device_is_an_error_not_an_endless_read():
+    for operation in (
+        lambda: storage.get_object("file:///dev/zero"),
+        lambda: storage.open_stream("file:///dev/zero", size_bytes=10).read(),
+    ):
+        error, _ = outcome_within(FAIL_FAST_S, operation)
+        assert isinstance(error, OSError) and "/dev/zero" in str(error), error
+        assert "not a regular file (a device)" in str(error)
+
+
+# --- 3. local errors that cannot heal fail at once --------------------------------------------
+
+
+def test_not_a_directory_fails_at_once(tmp_path):
+    (tmp_path / "afile").write_bytes(b"x")
+    uri = f"file://{tmp_path}/afile/x.json"
+    for operation in (
+        lambda: storage.put_object(uri, b"{}"),
+        lambda: storage.put_object(uri, b"{}", create_only=True),
+        lambda: storage.get_object(uri),
+        lambda: storage.open_stream(uri, size_bytes=2).read(),
+    ):
+        error, seconds = outcome_within(FAIL_FAST_S, operation)
+        assert isinstance(error, NotADirectoryError), error
+        assert f"{tmp_path}/afile" in str(error)
+        print(f"ENOTDIR failed after {seconds:.3f} s")
+
+
+@contextlib.contextmanager
+def tmpfs(size: str, *, read_only: bool = False) -> Iterator[Path]:
+    """A small real tmpfs (tests run as root, or with sudo on CI)."""
+    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    mount_point = Path(tempfile.mkdtemp(prefix="syvain-tmpfs-"))
+    subprocess.run(
+        [*sudo, "mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", mount_point], check=True
+    )
+    try:
+        if read_only:
+            (mount_point / "dataset").mkdir()
+            (mount_point / "dataset" / "old.json").write_bytes(b"{}")
+            subprocess.run([*sudo, "mount", "-o", "remount,ro", mount_point], check=True)
+        yield mount_point
+    finally:
+        subprocess.run([*sudo, "umount", mount_point], check=True)
+        mount_point.rmdir()
+
+
+def test_no_space_fails_at_once(tmp_path):
+    source = tmp_path / "big.bin"
+    source.write_bytes(random.Random(3).randbytes(2 * MIB))
+    client = storage.native_storage(StorageConfig())
+    with tmpfs("1m") as root:
+        uri = f"file://{root}/dataset/shard.bin"
+        for operation in (
+            lambda: storage.put_object(uri, source.read_bytes()),
+            lambda: _native.put_file(client, uri, source, create_only=True),
+        ):
+            error, seconds = outcome_within(FAIL_FAST_S, operation)
+            assert isinstance(error, OSError) and error.errno == 28, error  # ENOSPC
+            assert str(root) in str(error)
+            print(f"ENOSPC failed after {seconds:.3f} s")
+        assert storage.list_objects(f"file://{root}/dataset/") == []
+
+
+def test_read_only_file_system_fails_at_once(tmp_path):
+    source = tmp_path / "small.bin"
+    source.write_bytes(b"0123456789")
+    client = storage.native_storage(StorageConfig())
+    with tmpfs("1m", read_only=True) as root:
+        uri = f"file://{root}/dataset/new.json"
+        for operation in (
+            lambda: storage.put_object(uri, b"{}"),
+            lambda: _native.put_file(client, uri, source),
+            lambda: storage.delete_object(f"file://{root}/dataset/old.json"),
+        ):
+            error, seconds = outcome_within(FAIL_FAST_S, operation)
+            assert isinstance(error, OSError) and error.errno == 30, error  # EROFS
+            assert str(root) in str(error)
+            print(f"EROFS failed after {seconds:.3f} s")
+
+
+def test_permission_denied_fails_at_once_as_permission_error(tmp_path):
+    """Root passes permission checks, so there the writer runs without the capabilities that
+    override them (setpriv), like an ordinary user."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    script = textwrap.dedent(
+        f"""
+        import time
+        from syvain_training_data import storage
+        started = time.monotonic()
+        try:
+            storage.put_object("file://{locked}/x.json", b"{{}}")
+        except PermissionError as error:
+            assert "{locked}" in str(error), error
+            print(f"PermissionError after {{time.monotonic() - started:.3f}} s")
+        """
+    )
+    unprivileged = (
+        ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--"]
+        if os.geteuid() == 0
+        else []
+    )
+    done = subprocess.run(
+        [*unprivileged, sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("PermissionError after "), done.stdout + done.stderr
+    print(done.stdout.strip())
+    assert float(done.stdout.split()[2]) < FAIL_FAST_S
+
+
+# --- 4. local etags are not enforced ---------------------------------------------------------
+
+
+def test_a_copied_local_dataset_reads_with_the_old_etags(tmp_path):
+    data = random.Random(4).randbytes(3 * MIB + 17)
+    original = tmp_path / "original"
+    uri = f"file://{original}/shards/000.bin"
+    info = storage.put_object(uri, data)
+    assert info.etag
+    copy = tmp_path / "restored"
+    shutil.copytree(original, copy)  # new inodes, new mtimes: a new local etag
+    copied = f"file://{copy}/shards/000.bin"
+    assert storage.head_object(copied).etag != info.etag
+    with storage.open_stream(copied, size_bytes=len(data), etag=info.etag) as stream:
+        assert stream.read() == data
+    client = storage.native_storage(StorageConfig())
+    size, _ = _native.download_object(
+        client, copied, tmp_path / "downloaded", size_bytes=len(data), etag=info.etag
+    )
+    assert size == len(data) and (tmp_path / "downloaded").read_bytes() == data
+    # The size still guards the read.
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        storage.open_stream(copied, size_bytes=len(data) + 1, etag=info.etag).read()
+
+
+# --- 5. a lost PUT answer ------------------------------------------------------------------------
+
+
+def test_create_only_put_whose_answer_was_lost_succeeds_on_its_own_bytes(
+    seaweed, fault_proxy, s3_bucket, unique_prefix, tmp_path
+):
+    config = config_for(seaweed, endpoint=fault_proxy.endpoint)
+    client = storage.native_storage(config)
+    data = random.Random(5).randbytes(MIB + 3)
+    spooled = tmp_path / "spool.bin"
+    spooled.write_bytes(data)
+    writers = {
+        "put": lambda uri: storage.put_object(uri, data, storage_config=config, create_only=True),
+        "put_chunks": lambda uri: _native.put_chunks(
+            client, uri, [data[:1000], data[1000:]], create_only=True
+        ),
+        "put_file": lambda uri: _native.put_file(client, uri, spooled, create_only=True),
+    }
+    with storage_policy(backoff_base_s=0.01, backoff_cap_s=0.05):
+        for name, write in writers.items():
+            uri = f"s3://{s3_bucket}/{unique_prefix}/{name}.bin"
+            fault_proxy.script(drop_response(method="PUT"))
+            write(uri)
+            assert fault_proxy.pending_faults == 0
+            assert storage.get_object(uri, storage_config=config) == data
+            # Other bytes under the same key stay a conflict, lost answer or not.
+            fault_proxy.script(drop_response(method="PUT"))
+            with pytest.raises(FileExistsError, match=uri):
+                storage.put_object(uri, data[:-1] + b"!", storage_config=config, create_only=True)
+            assert storage.get_object(uri, storage_config=config) == data
+
+
+# --- 6. fork while another thread streams --------------------------------------------------------
+
+
+def test_fork_while_another_thread_streams_leaves_a_working_child(tmp_path):
+    data = random.Random(6).randbytes(4 * MIB)
+    (tmp_path / "obj.bin").write_bytes(data)
+    uri = f"file://{tmp_path}/obj.bin"
+    script = textwrap.dedent(
+        f"""
+        import os, sys, threading, time
+        from syvain_training_data import storage
+        uri, size = {uri!r}, {len(data)}
+        stop = threading.Event()
+        def stream_forever():
+            while not stop.is_set():
+                with storage.open_stream(uri, size_bytes=size) as stream:
+                    for _ in stream:
+                        pass
+        threads = [threading.Thread(target=stream_forever) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        hung = 0
+        for _ in range(60):
+            pid = os.fork()
+            if pid == 0:
+                ok = storage.open_stream(uri, size_bytes=size).read() == storage.get_object(uri)
+                os._exit(0 if ok else 3)
+            deadline = time.monotonic() + 20
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    assert os.waitstatus_to_exitcode(status) == 0, status
+                    break
+                if time.monotonic() > deadline:
+                    os.kill(pid, 9)
+                    os.waitpid(pid, 0)
+                    hung += 1
+                    break
+                time.sleep(0.01)
+        stop.set()
+        for thread in threads:
+            thread.join()
+        print(f"hung children: {{hung}}")
+        sys.exit(1 if hung else 0)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+# --- 7. interrupted writes leave nothing behind --------------------------------------------------
+
+
+def list_multipart_uploads(seaweed, bucket: str, key: str) -> list[str]:
+    response = seaweed.request("GET", f"/{bucket}", query={"uploads": "", "prefix": key})
+    assert response.status == 200, response.body
+    root = ET.fromstring(response.body)
+    return [el.text or "" for el in root.iter() if el.tag.endswith("UploadId")]
+
+
+def test_ctrl_c_during_a_multipart_upload_aborts_it(
+    seaweed, fault_proxy, s3_bucket, unique_prefix, tmp_path
+):
+    source = tmp_path / "big.bin"
+    source.write_bytes(random.Random(7).randbytes(24 * MIB))
+    key = f"{unique_prefix}/interrupted.bin"
+    # The third part stalls, so Ctrl-C comes while the upload is open.
+    fault_proxy.script(stall_after(0, 60.0, method="PUT", target="partNumber=3"))
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        from syvain_training_data import _native, storage
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        config = storage.StorageConfig.create(s3_base_url={fault_proxy.endpoint!r},
+            region={seaweed.region!r}, access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
+            secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"])
+        client = storage.native_storage(config)
+        print("uploading", flush=True)
+        try:
+            _native.put_file(client, "s3://{s3_bucket}/{key}", {str(source)!r},
+                multipart_threshold=5 * 2**20, part_size=5 * 2**20)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            sys.exit(7)
+        """
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, **seaweed.env()),
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "uploading"
+    deadline = time.monotonic() + 60
+    while not list_multipart_uploads(seaweed, s3_bucket, key) or fault_proxy.pending_faults:
+        assert time.monotonic() < deadline, "the upload never reached its third part"
+        time.sleep(0.05)
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 7 and "interrupted" in out, out + err
+    assert list_multipart_uploads(seaweed, s3_bucket, key) == []
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_killed_local_writer_leaves_no_visible_staging_file(tmp_path):
+    dest = tmp_path / "store" / "shards" / "000.bin"
+    dest.parent.mkdir(parents=True)
+    # What a writer killed with SIGKILL in the middle of its copy leaves beside the object.
+    stale = dest.with_name(f"000.bin#{dead_pid():010}{1234:010}")
+    stale.write_bytes(b"partial")
+    assert storage.list_objects(f"file://{tmp_path}/store/") == []
+    source = tmp_path / "source.bin"
+    source.write_bytes(b"complete")
+    client = storage.native_storage(StorageConfig())
+    _native.put_file(client, f"file://{dest}", source, create_only=True)
+    assert not stale.exists()
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["000.bin"]
+    assert [o.uri for o in storage.list_objects(f"file://{tmp_path}/store/")] == [f"file://{dest}"]
+
+
+# --- 8. a large single PUT keeps its memory bounded ------------------------------------------
+
+
+def test_a_1_gib_create_only_upload_keeps_process_memory_bounded(
+    seaweed, s3_bucket, unique_prefix, tmp_path
+):
+    source = tmp_path / "shard.bin"
+    block = random.Random(8).randbytes(MIB)
+    with source.open("wb") as out:
+        for _ in range(1024):
+            out.write(block)
+    uri = f"s3://{s3_bucket}/{unique_prefix}/one-gib.bin"
+    script = textwrap.dedent(
+        f"""
+        import os, threading, time
+        from syvain_training_data import _native, storage
+
+        def status(field):
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith(field + ":"):
+                        return int(line.split()[1]) * 1024
+            raise KeyError(field)
+
+        config = storage.StorageConfig.create(s3_base_url={seaweed.endpoint!r},
+            region={seaweed.region!r}, access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
+            secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"])
+        client = storage.native_storage(config)
+        storage.list_objects("s3://{s3_bucket}/{unique_prefix}/", storage_config=config)
+        base_anon = status("RssAnon")
+        peak = {{"anon": base_anon, "file": 0}}
+        done = threading.Event()
+        def sample():
+            while not done.is_set():
+                peak["anon"] = max(peak["anon"], status("RssAnon"))
+                peak["file"] = max(peak["file"], status("RssFile"))
+                time.sleep(0.02)
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        size, _ = _native.put_file(client, {uri!r}, {str(source)!r}, create_only=True)
+        done.set()
+        sampler.join()
+        assert size == 2**30, size
+        print((peak["anon"] - base_anon) // 2**20, peak["file"] // 2**20)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, **seaweed.env()),
+    )
+    assert done.returncode == 0, done.stderr
+    anon_growth_mib, peak_file_mib = map(int, done.stdout.split())
+    print(
+        f"1 GiB single PUT: anonymous RSS growth {anon_growth_mib} MiB, "
+        f"file pages {peak_file_mib} MiB"
+    )
+    assert anon_growth_mib < 200
+    assert storage.head_object(uri, storage_config=config_for(seaweed)).size == 2**30
+    storage.delete_object(uri, storage_config=config_for(seaweed))
