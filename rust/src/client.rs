@@ -57,10 +57,19 @@ impl NativeStorage {
         Ok(store)
     }
 
-    fn factory(&self, location: &Location) -> StoreFactory {
+    /// The stores a stream connects with: first this client's pooled store (a shard open
+    /// then costs no client, TLS set-up or connection of its own), then a fresh one for every
+    /// reconnection after a failure, whose old connections may be what failed.
+    fn factory(&self, location: &Location) -> NativeResult<StoreFactory> {
+        let first = Mutex::new(Some(self.store(location, false)?));
         let config = self.config.clone();
         let location = location.clone();
-        Arc::new(move || build_store(&config, &location, &policy::current()))
+        Ok(Arc::new(move || {
+            if let Some(store) = first.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                return Ok(store);
+            }
+            build_store(&config, &location, &policy::current())
+        }))
     }
 
     /// Opens a stream over `[start, size)` (shared by `open_stream` and the shard readers).
@@ -96,7 +105,7 @@ impl NativeStorage {
             format,
             policy: policy::current(),
         };
-        StreamReader::open(request, self.factory(&location))
+        StreamReader::open(request, self.factory(&location)?)
     }
 }
 
