@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import faulthandler
 import json
 import os
 import random
@@ -134,6 +135,8 @@ def rank_main(args: argparse.Namespace) -> None:
     """One rank of one phase: read (part of) the epoch, write the ids it got and rank 0's state."""
     import torch.distributed as dist
 
+    # A rank that hangs is killed at the phase timeout: leave its stacks in its log first.
+    faulthandler.dump_traceback_later(args.timeout - 20)
     dist.init_process_group(
         "gloo",
         init_method=f"file://{args.rendezvous}",
@@ -202,9 +205,11 @@ def run_phase(
         if out.exists():
             results.append(json.loads(out.read_text()))
         else:
-            log = (phase / f"rank{rank}.log").read_text(errors="replace")
-            tail = log.strip().splitlines()[-1:] or ["timed out" if proc.returncode < 0 else ""]
-            error = {"type": f"exit {proc.returncode}", "message": tail[0][:300]}
+            if proc.returncode < 0:
+                error = {"type": "timeout", "message": f"killed after {timeout:.0f} s"}
+            else:
+                log = (phase / f"rank{rank}.log").read_text(errors="replace").strip()
+                error = {"type": f"exit {proc.returncode}", "message": log[-300:]}
             results.append({"ids": [], "state": None, "error": error})
     clean_shared_memory()
     return results
