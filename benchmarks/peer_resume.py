@@ -12,8 +12,9 @@ Prints one JSON line per case and a summary line. A case either names the refusa
 exception type, first line of its message) or counts what the epoch delivered against the
 dataset: records seen twice or more, records never seen, records delivered in total.
 
-Run with a Python that has the peers (not ours; this script does not import syvain_training_data):
-    /work/peer-env/bin/python benchmarks/peer_resume.py
+Run with a Python that has the peers (`scripts/peer_env.sh DIR` makes one); this script does not
+import syvain_training_data:
+    DIR/bin/python benchmarks/peer_resume.py [--peers mosaic litdata] [--workers 0 2]
 """
 
 from __future__ import annotations
