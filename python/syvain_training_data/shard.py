@@ -6,6 +6,7 @@ into Python in batches); Parquet goes through pyarrow (the ``parquet`` extra).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Generator, Mapping
 from typing import Any
 
@@ -23,8 +24,17 @@ def iter_shard(
     shard: ManifestShard,
     *,
     storage_config: StorageConfig | None = None,
+    start: int = 0,
+    stop: int | None = None,
 ) -> Generator[Mapping[str, Any]]:
     """Yields the records of ``shard`` in order, never more than ``shard.records``.
+
+    ``start`` and ``stop`` select the records with indices in ``[start, stop)`` (``stop``
+    defaults to ``shard.records``; ValueError unless ``0 <= start <= stop <= shard.records``).
+    Records before ``start`` are skipped without being decoded (msgpack.zstf frames are hopped
+    by their length headers, jsonl.gz lines found by their "\\n"); a read that stops before the
+    end only checks that the shard holds at least ``stop`` records. In a jsonl.gz range read a
+    record index counts the non-blank lines, invalid ones included.
 
     The generator's ``close()`` (or leaving it to the garbage collector) stops the stream of a
     shard that is not read to its end.
@@ -41,7 +51,15 @@ def iter_shard(
     if data_format == "parquet":
         from syvain_training_data.formats.parquet import iter_parquet_shard
 
-        yield from iter_parquet_shard(shard, storage_config=storage_config)
+        stop = shard.records if stop is None else stop
+        if not 0 <= start <= stop <= shard.records:
+            raise ValueError(
+                f"Invalid record range start={start}, stop={stop} for a shard of "
+                f"{shard.records} records; expected 0 <= start <= stop <= {shard.records}"
+            )
+        # Until the parquet reader takes start= and stop= itself, its rows are cut here.
+        rows = iter_parquet_shard(shard, storage_config=storage_config)
+        yield from itertools.islice(rows, start, stop)
         return
     reader = native_storage(storage_config or StorageConfig()).open_shard(
         shard.uri,
@@ -49,6 +67,8 @@ def iter_shard(
         size_bytes=shard.size_bytes,
         records=shard.records,
         etag=shard.etag or None,
+        start=start,
+        stop=stop,
     )
     while batch := reader.next_batch(BATCH_RECORDS):
         yield from batch
