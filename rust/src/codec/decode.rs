@@ -201,7 +201,7 @@ impl ShardReader {
         let Some(record) = record? else {
             return Ok(None);
         };
-        if self.yielded == self.range.len() {
+        if self.yielded == self.range.records() {
             return Err(self.error(found_more(self.range.declared)));
         }
         self.yielded += 1;

@@ -149,7 +149,7 @@ impl RecordRange {
     }
 
     /// Records the range holds.
-    pub fn len(&self) -> u64 {
+    pub fn records(&self) -> u64 {
         self.stop - self.start
     }
 }
