@@ -127,6 +127,17 @@ impl JsonlLines {
     fn scan_lines(&mut self) -> Result<(), Failure> {
         while let Some(offset) = memchr::memchr(b'\n', &self.text[self.scan..]) {
             let newline = self.scan + offset;
+            if newline == self.line_start {
+                // A run of empty lines is passed at once: they are blank, never records.
+                let run = self.text[newline..]
+                    .iter()
+                    .take_while(|&&b| b == b'\n')
+                    .count();
+                self.next_number += run as u64;
+                self.line_start = newline + run;
+                self.scan = self.line_start;
+                continue;
+            }
             self.push_line(newline, newline + 1)?;
             if self.range_done() {
                 self.done = true;
