@@ -244,6 +244,35 @@ fn is_ascii_blank(byte: u8) -> bool {
     matches!(byte, b'\t'..=b'\r' | 0x1c..=0x1f | b' ')
 }
 
+/// Whether the brackets of a JSON text nest deeper than `max` (strings skipped; the text need
+/// not be valid JSON).
+pub fn nesting_exceeds(text: &[u8], max: usize) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &byte in text {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
 /// Blank as Python's `str.strip()` sees it: Unicode whitespace plus the separators \x1c-\x1f.
 fn is_blank(line: &str) -> bool {
     line.chars()
@@ -284,6 +313,15 @@ mod tests {
                 Err(Failure::Source(e)) => return Err(e.to_string()),
             }
         }
+    }
+
+    #[test]
+    fn measures_nesting_outside_strings() {
+        assert!(!nesting_exceeds(b"{\"a\":[[1]]}", 3));
+        assert!(nesting_exceeds(b"{\"a\":[[[1]]]}", 3));
+        assert!(!nesting_exceeds(b"{\"a\":\"[[[[\\\"[[[[\"}", 1));
+        assert!(!nesting_exceeds(b"[][][][][]", 1));
+        assert!(nesting_exceeds(b"[[[[ not json", 3));
     }
 
     #[test]

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use super::key_cache::KeyCache;
+use super::lines::nesting_exceeds;
 use super::msgpack::{self, Cursor, Scalar, Token};
 
 /// An open container being filled: a borrowed pointer (its parent, or the root we own, holds
@@ -192,47 +193,4 @@ pub fn json_record<'py>(py: Python<'py>, line: &[u8]) -> PyResult<JsonLine<'py>>
     Ok(value
         .downcast_into::<PyDict>()
         .map_or(JsonLine::Invalid, JsonLine::Record))
-}
-
-/// Whether the brackets of a JSON text nest deeper than `max` (strings skipped; the text need
-/// not be valid JSON).
-pub fn nesting_exceeds(text: &[u8], max: usize) -> bool {
-    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
-    for &byte in text {
-        if in_string {
-            match byte {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match byte {
-            b'"' => in_string = true,
-            b'[' | b'{' => {
-                depth += 1;
-                if depth > max {
-                    return true;
-                }
-            }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-    }
-    false
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn measures_nesting_outside_strings() {
-        assert!(!nesting_exceeds(b"{\"a\":[[1]]}", 3));
-        assert!(nesting_exceeds(b"{\"a\":[[[1]]]}", 3));
-        assert!(!nesting_exceeds(b"{\"a\":\"[[[[\\\"[[[[\"}", 1));
-        assert!(!nesting_exceeds(b"[][][][][]", 1));
-        assert!(nesting_exceeds(b"[[[[ not json", 3));
-    }
 }
