@@ -42,7 +42,8 @@ def iter_shard(
     The bytes received are checked against ``shard.size_bytes`` and, at the end, the number of
     records against ``shard.records``. Errors: RuntimeError "Unreadable {format} shard {uri}:
     {reason}" for bad data or counts; FileNotFoundError, PermissionError, ObjectChangedError and
-    StorageRetryExhaustedError from the store; ValueError for an unknown format.
+    StorageRetryExhaustedError from the store; ValueError for an unknown format or an invalid
+    range.
     """
     if data_format not in DATA_FORMATS:
         raise ValueError(
