@@ -58,9 +58,10 @@ def iter_shard(
                 f"Invalid record range start={start}, stop={stop} for a shard of "
                 f"{shard.records} records; expected 0 <= start <= stop <= {shard.records}"
             )
-        # Until the parquet reader takes start= and stop= itself, its rows are cut here.
+        # Until the parquet reader takes start= and stop= itself, its rows are cut here; a
+        # range reaching the end reads on, so the reader's end checks still run.
         rows = iter_parquet_shard(shard, storage_config=storage_config)
-        yield from itertools.islice(rows, start, stop)
+        yield from itertools.islice(rows, start, None if stop == shard.records else stop)
         return
     reader = native_storage(storage_config or StorageConfig()).open_shard(
         shard.uri,
