@@ -11,6 +11,9 @@ import math
 import os
 import random
 import struct
+import subprocess
+import sys
+import textwrap
 import zlib
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
@@ -278,7 +281,7 @@ def test_nesting_limits() -> None:
             value = [value]
         return {"v": value}
 
-    for data_format, limit in ((JSONL, 200), (MSGPACK, 1000)):
+    for data_format, limit in ((JSONL, 1000), (MSGPACK, 1000)):
         deepest = nested(limit)
         assert read(data_format, encode(data_format, [deepest]), 1) == [deepest]
         with pytest.raises(ValueError, match=f"deeper than {limit}"):
@@ -388,6 +391,84 @@ def test_msgpack_invalid_payload() -> None:
         assert read_error(MSGPACK, zstd_frame(payload), 1) == unreadable(
             MSGPACK, "invalid MessagePack payload"
         ), payload
+
+
+def nested_arrays_payload(arrays: int) -> bytes:
+    """{"k": [[[...nil...]]]}: the root map and `arrays` arrays, nested."""
+    return b"\x81\xa1k" + b"\x91" * arrays + b"\xc0"
+
+
+def test_msgpack_nesting_deeper_than_1000_is_refused() -> None:
+    assert read(MSGPACK, zstd_frame(nested_arrays_payload(999)), 1)[0]["k"] is not None
+    for arrays in (1000, 5_000_000):
+        for content_size in (True, False):
+            data = zstd_frame(nested_arrays_payload(arrays), content_size=content_size)
+            assert read_error(MSGPACK, data, 1) == unreadable(MSGPACK, "nesting too deep")
+    # The issue's 193-byte shard: an array nested 5,000,000 deep.
+    assert len(zstd_frame(nested_arrays_payload(5_000_000))) < 200
+
+
+def json_nested(depth: int) -> str:
+    """A JSON object whose value nests `depth` levels in all (the object included)."""
+    return '{"v":' + "[" * (depth - 1) + "1" + "]" * (depth - 1) + "}"
+
+
+def test_jsonl_nesting_up_to_1000_is_read_and_deeper_is_a_shard_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # jiter stops at 200; a line from another writer nested 250 or 1000 deep is still a record.
+    for depth in (199, 200, 201, 250, 1000):
+        line = json_nested(depth)
+        assert read(JSONL, gz(line.encode() + b"\n"), 1) == [json.loads(line)], depth
+    # An invalid deep line is still just an invalid line (logged, skipped).
+    with caplog.at_level(logging.ERROR, logger="syvain_training_data"):
+        body = b"[" * 300 + b"oops\n" + b'{"ok":1}\n'
+        assert read(JSONL, gz(body), 1) == [{"ok": 1}]
+    assert [r.getMessage() for r in caplog.records] == [f"Skipping invalid JSON record in {URI}:1"]
+    # Deeper than 1000: the shard is unreadable, naming the line; records before it arrive.
+    body = b'{"ok":1}\n' + json_nested(1001).encode() + b"\n"
+    reader = shard_reader_from_bytes(JSONL, URI, gz(body), 2)
+    assert reader.next_batch(10) == [{"ok": 1}]
+    with pytest.raises(RuntimeError) as info:
+        reader.next_batch(10)
+    assert str(info.value) == unreadable(JSONL, "line 2 nested deeper than 1000 levels")
+
+
+def test_jsonl_blank_runs_count_as_lines_not_records() -> None:
+    body = b'{"a":1}\n' + b"\n" * (9 * MIB) + b'{"a":2}\n' + b" \r\n" * MIB
+    assert read(JSONL, gz(body), 2) == [{"a": 1}, {"a": 2}]
+
+
+def test_encoder_memory_error_is_memory_error() -> None:
+    # Python's allocator fails (the C-API test hook) while the bytes are handed out: the
+    # caller sees MemoryError, not a PanicException (nor an abort), and the encoder is done.
+    script = textwrap.dedent(
+        """
+        import _testcapi
+        from syvain_training_data._native import ShardEncoder
+        encoder = ShardEncoder("jsonl.gz")
+        encoder.encode([{"a": "x" * 100000}])
+        _testcapi.set_nomemory(0)
+        try:
+            encoder.finish()
+        except MemoryError:
+            _testcapi.remove_mem_hooks()
+            print("MemoryError")
+        else:
+            _testcapi.remove_mem_hooks()
+            print("no error")
+        try:
+            encoder.encode([{"a": 1}])
+        except ValueError as err:
+            print(err)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines() == [
+        "MemoryError",
+        "ShardEncoder.encode called after finish",
+    ]
 
 
 def test_msgpack_payload_not_a_map() -> None:

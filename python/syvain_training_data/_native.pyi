@@ -42,6 +42,8 @@ class NativeStorage:
         size_bytes: int,
         records: int,
         etag: str | None = None,
+        start: int = 0,
+        stop: int | None = None,
     ) -> ShardReader: ...
 
 @final
@@ -135,7 +137,14 @@ class ShardEncoder:
     def data_format(self) -> str: ...
 
 def shard_reader_from_bytes(
-    data_format: str, uri: str, data: bytes, declared_records: int, chunk_size: int | None = None
+    data_format: str,
+    uri: str,
+    data: bytes,
+    declared_records: int,
+    chunk_size: int | None = None,
+    *,
+    start: int = 0,
+    stop: int | None = None,
 ) -> ShardReader: ...
 
 # rust/src/rows.rs: Parquet rows from Arrow record batches (SPEC section 3).

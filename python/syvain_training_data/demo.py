@@ -202,6 +202,9 @@ def _store(root: Path, s3: bool) -> Iterator[tuple[SyvainTrainingData, str, str]
             region=server.region,
             access_key_id=server.access_key_id,
             secret_access_key=server.secret_access_key,
+            # The pool's workers get the saver by pickle; this server's throwaway secret may
+            # travel with it (a real job sets the secret in the workers' environment).
+            picklable_secret=True,
         )
         yield (
             client,

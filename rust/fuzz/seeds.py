@@ -37,20 +37,85 @@ def msgpack_shard() -> bytes:
 def jsonl_shard() -> bytes:
     body = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in RECORDS)
     body += "\n   \nnot json\n" + '{"last":NaN}'
+    return gzip_text(body.encode()) + gzip.compress(b'{"second":"member"}\n')
+
+
+def gzip_text(body: bytes) -> bytes:
     buffer = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", compresslevel=6, fileobj=buffer, mtime=0) as f:
-        f.write(body.encode())
-    return buffer.getvalue() + gzip.compress(b'{"second":"member"}\n')
+        f.write(body)
+    return buffer.getvalue()
+
+
+# Memory-bomb shapes (issue 13): a few compressed bytes that decompress to a lot.
+
+
+def zstf_record(payload: bytes, *, content_size: bool = True) -> bytes:
+    import zstandard
+
+    frame = zstandard.ZstdCompressor(level=3, write_content_size=content_size).compress(payload)
+    return struct.pack(">Q", len(frame)) + frame
+
+
+def deep_msgpack(arrays: int) -> bytes:
+    """{"k": [[[...nil...]]]} with `arrays` nested arrays."""
+    return b"\x81\xa1k" + b"\x91" * arrays + b"\xc0"
+
+
+def frame_declaring(content_size: int, block: bytes) -> bytes:
+    """A record whose zstd frame header declares `content_size` around one raw block."""
+    header = b"\x28\xb5\x2f\xfd\xe0" + struct.pack("<Q", content_size)
+    body = header + (1 | (len(block) << 3)).to_bytes(3, "little") + block
+    return struct.pack(">Q", len(body)) + body
+
+
+def msgpack_bomb_shards() -> list[bytes]:
+    return [
+        zstf_record(deep_msgpack(5_000_000)),  # the issue's 193-byte shard
+        zstf_record(deep_msgpack(5_000_000), content_size=False),
+        zstf_record(deep_msgpack(999)),  # as deep as allowed
+        frame_declaring((1 << 30) + 1, b"\x80"),  # declares more than 1 GiB
+        zstf_record(bytes(3 << 20), content_size=False),  # undeclared, past the fuzz limit
+        zstf_record(
+            b"\x81\xa1k\xc6" + struct.pack(">I", 1 << 30) + bytes(1 << 20), content_size=False
+        ),
+    ]
+
+
+def jsonl_bomb_shards() -> list[bytes]:
+    deep = b'{"v":' + b"[" * 1200 + b"1" + b"]" * 1200 + b"}\n"
+    return [
+        gzip_text(b'{"a":1}\n' + b"\n" * (4 << 20) + b'{"a":2}\n'),  # a blank-line run
+        gzip_text(b'{"a":1}\n' + b" \r\n" * (1 << 20) + b'{"a":2}'),
+        gzip_text(deep + b'{"ok":1}\n' + b"[" * 250 + b"]" * 250 + b"\n"),  # deep JSON
+    ]
+
+
+def shard_seeds(shards: list[bytes], declared: int) -> list[bytes]:
+    """Each shard whole, then cut into chunks of 1 and 7 bytes (the first one only)."""
+    seeds = [bytes([chunking, declared]) + shards[0] for chunking in (0, 1, 7)]
+    return seeds + [bytes([0, declared]) + shard for shard in shards[1:]]
 
 
 def main() -> None:
     target, corpus = sys.argv[1], Path(sys.argv[2])
     corpus.mkdir(parents=True, exist_ok=True)
+    count = len(RECORDS) + 1
+    msgpack_shards = [msgpack_shard(), *msgpack_bomb_shards()]
+    jsonl_shards = [jsonl_shard(), *jsonl_bomb_shards()]
     if target == "msgpack_payload":
-        seeds = msgpack_payloads()
-    else:
-        shard = msgpack_shard() if target == "msgpack_zstf" else jsonl_shard()
-        seeds = [bytes([chunking, len(RECORDS) + 1]) + shard for chunking in (0, 1, 7)]
+        seeds = [*msgpack_payloads(), deep_msgpack(999), deep_msgpack(1000), deep_msgpack(100_000)]
+    elif target == "msgpack_zstf":
+        seeds = shard_seeds(msgpack_shards, count)
+    elif target == "jsonl_gz":
+        seeds = shard_seeds(jsonl_shards, count)
+    else:  # record_range: start byte (low bit: 0 msgpack.zstf, 1 jsonl.gz), stop byte, shard
+        seeds = [
+            bytes([start << 1 | fmt, stop]) + seed
+            for fmt, shards in ((0, msgpack_shards), (1, jsonl_shards))
+            for seed in shard_seeds(shards, count)
+            for start, stop in ((1, 3), (2, count))
+        ]
     for n, seed in enumerate(seeds):
         (corpus / f"seed-{n}").write_bytes(seed)
 

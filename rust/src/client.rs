@@ -12,7 +12,7 @@ use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::classify::{classify, Failure};
-use crate::codec::ShardReader;
+use crate::codec::{RecordRange, ShardReader};
 use crate::error::{refuse_special_file, NativeError, NativeResult};
 use crate::ops::{log_warning, with_retries};
 use crate::policy;
@@ -275,8 +275,11 @@ impl NativeStorage {
         Ok(listed)
     }
 
-    /// Decodes a msgpack.zstf or jsonl.gz shard straight from a resumable stream, off the GIL.
-    #[pyo3(signature = (uri, data_format, *, size_bytes, records, etag=None))]
+    /// Decodes a msgpack.zstf or jsonl.gz shard straight from a resumable stream, off the GIL:
+    /// the records `[start, stop)` (`stop` defaults to `records`; earlier ones are skipped
+    /// without being decoded).
+    #[pyo3(signature = (uri, data_format, *, size_bytes, records, etag=None, start=0, stop=None))]
+    #[allow(clippy::too_many_arguments)]
     fn open_shard(
         &self,
         uri: &str,
@@ -284,7 +287,10 @@ impl NativeStorage {
         size_bytes: u64,
         records: u64,
         etag: Option<String>,
+        start: i64,
+        stop: Option<i64>,
     ) -> NativeResult<ShardReader> {
+        let range = RecordRange::new(records, start, stop)?;
         let format: &'static str = match data_format {
             "msgpack.zstf" => "msgpack.zstf",
             "jsonl.gz" => "jsonl.gz",
@@ -295,7 +301,7 @@ impl NativeStorage {
             }
         };
         let reader = self.stream(uri, size_bytes, etag, 0, Some(format))?;
-        ShardReader::open(format, uri.to_string(), Box::new(reader), records)
+        ShardReader::open(format, uri.to_string(), Box::new(reader), size_bytes, range)
     }
 
     /// A resumable stream over an immutable object of known size.

@@ -146,9 +146,6 @@ class ShardDataset(IterableDataset[Any]):
     def _open(self, shard_range: ShardRange) -> Iterator[Any]:
         index, start, stop = shard_range
         shard = self.table.shard(index)
-        if start == 0 and stop == shard.records:
-            # A whole shard reads exactly as iter_shard reads it.
-            return iter_shard(self.data_format, shard, storage_config=self.storage_config)
         return iter_shard(
             self.data_format, shard, storage_config=self.storage_config, start=start, stop=stop
         )

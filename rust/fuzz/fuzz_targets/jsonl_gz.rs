@@ -1,7 +1,7 @@
 //! Whole jsonl.gz shards: gzip members, trailing bytes, UTF-8, line splitting and limits.
 #![no_main]
 
-use _native::codec::lines::JsonlLines;
+use _native::codec::lines::{nesting_exceeds, JsonlLines};
 use libfuzzer_sys::fuzz_target;
 
 #[path = "common.rs"]
@@ -24,6 +24,10 @@ fuzz_target!(|data: &[u8]| {
             let text = std::str::from_utf8(batch.line(line)).expect("lines are valid UTF-8");
             assert!(!text.contains('\n') && !text.trim().is_empty());
             assert!(text.len() as u64 <= max_line);
+            // The depth check of lines too deep for jiter: any text, no panic, bounded.
+            if nesting_exceeds(text.as_bytes(), 1000) {
+                assert!(text.len() > 1000);
+            }
         }
     }
 });

@@ -14,6 +14,8 @@ pub struct ChunkReader {
     source: Box<dyn ByteSource>,
     chunk: Bytes,
     eof: bool,
+    /// Bytes of the object consumed so far.
+    position: u64,
 }
 
 impl ChunkReader {
@@ -22,6 +24,7 @@ impl ChunkReader {
             source,
             chunk: Bytes::new(),
             eof: false,
+            position: 0,
         }
     }
 
@@ -46,7 +49,26 @@ impl ChunkReader {
 
     /// Marks `n` buffered bytes as read.
     pub fn consume(&mut self, n: usize) {
-        self.chunk.advance(n.min(self.chunk.len()));
+        let n = n.min(self.chunk.len());
+        self.chunk.advance(n);
+        self.position += n as u64;
+    }
+
+    /// Bytes of the object consumed so far.
+    pub fn position(&self) -> u64 {
+        self.position
+    }
+
+    /// Skips `n` bytes without copying them; returns how many were skipped (fewer only when
+    /// the object ends first).
+    pub fn skip(&mut self, n: usize) -> NativeResult<usize> {
+        let mut skipped = 0;
+        while skipped < n && self.fill()? {
+            let take = (n - skipped).min(self.chunk.len());
+            self.consume(take);
+            skipped += take;
+        }
+        Ok(skipped)
     }
 
     /// Reads `n` bytes; fewer only when the object ends first. Zero-copy inside one chunk.
@@ -55,13 +77,14 @@ impl ChunkReader {
             return Ok(Bytes::new());
         }
         if self.chunk.len() >= n {
+            self.position += n as u64;
             return Ok(self.chunk.split_to(n));
         }
         let mut out = Vec::with_capacity(n.min(SPANNING_READ_RESERVE));
         while out.len() < n && self.fill()? {
             let take = (n - out.len()).min(self.chunk.len());
             out.extend_from_slice(&self.chunk[..take]);
-            self.chunk.advance(take);
+            self.consume(take);
         }
         Ok(Bytes::from(out))
     }
@@ -85,5 +108,17 @@ mod tests {
         assert_eq!(&r.read_exact(5).unwrap()[..], b"f");
         assert!(r.read_exact(1).unwrap().is_empty());
         assert!(!r.fill().unwrap());
+    }
+
+    #[test]
+    fn skips_across_chunks_and_stops_at_the_end() {
+        let mut r = reader(&[b"ab", b"", b"cde", b"f"]);
+        assert_eq!(r.skip(0).unwrap(), 0);
+        assert_eq!(r.skip(3).unwrap(), 3);
+        assert_eq!(&r.read_exact(1).unwrap()[..], b"d");
+        assert_eq!(r.position(), 4);
+        assert_eq!(r.skip(10).unwrap(), 2);
+        assert_eq!(r.position(), 6);
+        assert_eq!(r.skip(1).unwrap(), 0);
     }
 }

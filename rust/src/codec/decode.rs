@@ -13,8 +13,9 @@ use pyo3::types::PyList;
 
 use super::key_cache::KeyCache;
 use super::lines::{JsonlLines, LineBatch};
+use super::py_build::{JsonLine, MAX_JSON_DEPTH};
 use super::zstf::ZstfFrames;
-use super::{count_mismatch, found_more, py_build, shard_error, Failure, ShardFormat};
+use super::{count_mismatch, found_more, py_build, shard_error, Failure, RecordRange, ShardFormat};
 use crate::error::{NativeError, NativeResult};
 use crate::source::{ByteSource, MemorySource};
 
@@ -88,7 +89,7 @@ enum State {
 pub struct ShardReader {
     format: ShardFormat,
     uri: String,
-    declared: u64,
+    range: RecordRange,
     yielded: u64,
     /// Behind a mutex only because a pyclass must be `Sync`; `&mut self` already excludes
     /// other users.
@@ -104,25 +105,27 @@ pub struct ShardReader {
 }
 
 impl ShardReader {
-    /// Starts decoding `source` as `format` ("msgpack.zstf" or "jsonl.gz") on its own thread.
+    /// Starts decoding the records `range` of `source` (an object of `size_bytes` bytes) as
+    /// `format` ("msgpack.zstf" or "jsonl.gz") on its own thread.
     ///
     /// Errors: an unknown format (ValueError), or a thread that cannot be started.
     pub fn open(
         format: &str,
         uri: String,
         source: Box<dyn ByteSource>,
-        declared_records: u64,
+        size_bytes: u64,
+        range: RecordRange,
     ) -> NativeResult<ShardReader> {
         let format = ShardFormat::parse(format)?;
         let (sender, receiver) = sync_channel(CHANNEL_BATCHES);
         std::thread::Builder::new()
             .name("syvain-shard-decoder".into())
-            .spawn(move || produce(format, source, declared_records, sender))
+            .spawn(move || produce(format, source, size_bytes, range, sender))
             .map_err(|e| shard_error(format, &uri, format!("cannot start decoder thread: {e}")))?;
         Ok(ShardReader {
             format,
             uri,
-            declared: declared_records,
+            range,
             yielded: 0,
             receiver: Some(Mutex::new(receiver)),
             current: None,
@@ -179,8 +182,10 @@ impl ShardReader {
             match self.receive(py)? {
                 Message::Batch(batch) => self.current = Some(batch),
                 Message::End => {
-                    if self.yielded != self.declared {
-                        return Err(self.error(count_mismatch(self.declared, self.yielded)));
+                    // A partial range was counted by the decoder core, skipped records too.
+                    if self.range.is_full() && self.yielded != self.range.declared {
+                        let declared = self.range.declared;
+                        return Err(self.error(count_mismatch(declared, self.yielded)));
                     }
                     self.receiver = None;
                     self.state = State::Finished;
@@ -196,8 +201,8 @@ impl ShardReader {
         let Some(record) = record? else {
             return Ok(None);
         };
-        if self.yielded == self.declared {
-            return Err(self.error(found_more(self.declared)));
+        if self.yielded == self.range.records() {
+            return Err(self.error(found_more(self.range.declared)));
         }
         self.yielded += 1;
         Ok(Some(record.unbind()))
@@ -228,11 +233,17 @@ impl ShardReader {
                 *next += 1;
                 let text = lines.line(line);
                 self.call_bytes += text.len();
-                let record = py_build::json_record(py, text);
-                if record.is_none() {
-                    self.log_invalid_line(py, line.number)?;
+                match py_build::json_record(py, text).map_err(NativeError::Python)? {
+                    JsonLine::Record(record) => Ok(Some(record.into_any())),
+                    JsonLine::Invalid => {
+                        self.log_invalid_line(py, line.number)?;
+                        Ok(None)
+                    }
+                    JsonLine::TooDeep => Err(self.error(format!(
+                        "line {} nested deeper than {MAX_JSON_DEPTH} levels",
+                        line.number
+                    ))),
                 }
-                Ok(record.map(Bound::into_any))
             }
         }
     }
@@ -335,18 +346,22 @@ impl ShardReader {
     }
 }
 
-/// Decodes shard bytes held in memory (tests, benchmarks, small local shards).
+/// Decodes shard bytes held in memory (tests, benchmarks, small local shards): the records
+/// `[start, stop)` (`stop` defaults to `declared_records`), as `NativeStorage.open_shard` reads.
 ///
 /// `chunk_size` splits `data` into chunks of that many bytes, as a network stream would.
 #[pyfunction]
-#[pyo3(signature = (data_format, uri, data, declared_records, chunk_size = None))]
+#[pyo3(signature = (data_format, uri, data, declared_records, chunk_size = None, *, start = 0, stop = None))]
 pub fn shard_reader_from_bytes(
     data_format: &str,
     uri: String,
     data: &[u8],
     declared_records: u64,
     chunk_size: Option<usize>,
+    start: i64,
+    stop: Option<i64>,
 ) -> PyResult<ShardReader> {
+    let range = RecordRange::new(declared_records, start, stop)?;
     let chunk = chunk_size.unwrap_or(data.len()).max(1);
     let chunks: Vec<Bytes> = data.chunks(chunk).map(Bytes::copy_from_slice).collect();
     let source = MemorySource::new(chunks);
@@ -354,7 +369,8 @@ pub fn shard_reader_from_bytes(
         data_format,
         uri,
         Box::new(source),
-        declared_records,
+        data.len() as u64,
+        range,
     )?)
 }
 
@@ -363,12 +379,16 @@ pub fn shard_reader_from_bytes(
 fn produce(
     format: ShardFormat,
     source: Box<dyn ByteSource>,
-    declared: u64,
+    size_bytes: u64,
+    range: RecordRange,
     sender: SyncSender<Message>,
 ) {
     let run = std::panic::AssertUnwindSafe(|| match format {
-        ShardFormat::MsgpackZstf => produce_payloads(ZstfFrames::new(source, declared), &sender),
-        ShardFormat::JsonlGz => produce_lines(JsonlLines::new(source), &sender),
+        ShardFormat::MsgpackZstf => {
+            let frames = ZstfFrames::with_range(source, range).with_object_size(size_bytes);
+            produce_payloads(frames, &sender)
+        }
+        ShardFormat::JsonlGz => produce_lines(JsonlLines::new(source).with_range(range), &sender),
     });
     // A bug must surface as an error on this shard, never as a hang or an abort.
     if std::panic::catch_unwind(run).is_err() {

@@ -397,25 +397,34 @@ impl ShardEncoder {
 }
 
 impl ShardEncoder {
-    /// One bytes object of `chunks`, whose buffers go back to the pool.
-    fn hand_out<'py>(&mut self, py: Python<'py>, chunks: Vec<Vec<u8>>) -> Bound<'py, PyBytes> {
+    /// One bytes object of `chunks`, whose buffers go back to the pool. A bytes object the
+    /// interpreter cannot allocate is its MemoryError (and the chunks are still recycled).
+    fn hand_out<'py>(
+        &mut self,
+        py: Python<'py>,
+        chunks: Vec<Vec<u8>>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
         let total: usize = chunks.iter().map(Vec::len).sum();
-        let bytes = match chunks.as_slice() {
-            [one] => PyBytes::new(py, one),
-            _ => PyBytes::new_with(py, total, |buffer| {
-                let mut at = 0;
-                for chunk in &chunks {
-                    buffer[at..at + chunk.len()].copy_from_slice(chunk);
-                    at += chunk.len();
-                }
-                Ok(())
-            })
-            .expect("allocating bytes"),
-        };
+        // `new_with` reports a failed allocation as the pending MemoryError; `PyBytes::new`
+        // would panic on it.
+        let bytes = PyBytes::new_with(py, total, |buffer| {
+            let mut at = 0;
+            for chunk in &chunks {
+                buffer[at..at + chunk.len()].copy_from_slice(chunk);
+                at += chunk.len();
+            }
+            Ok(())
+        });
         for chunk in chunks {
             self.pipeline.recycle(chunk);
         }
-        self.bytes_written += total as u64;
+        match &bytes {
+            Ok(_) => self.bytes_written += total as u64,
+            // Those bytes are gone: later calls would write a shard with a hole.
+            Err(_) => {
+                self.failure = Some("earlier shard bytes were lost to a MemoryError".into());
+            }
+        }
         bytes
     }
 }
@@ -474,7 +483,7 @@ impl ShardEncoder {
         self.records += count;
         let mut out = Vec::new();
         self.drain(&mut out)?;
-        Ok(self.hand_out(py, out))
+        self.hand_out(py, out)
     }
 
     /// Waits for the compressor and returns the shard's remaining bytes (with the gzip
@@ -505,7 +514,7 @@ impl ShardEncoder {
             self.finished = true;
             self.pipeline.spare = Vec::new();
         }
-        Ok(self.hand_out(py, out))
+        self.hand_out(py, out)
     }
 
     /// Records encoded so far.

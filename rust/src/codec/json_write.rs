@@ -10,9 +10,8 @@ use super::py_value::{classify, map_items, seq_items, str_of, type_name, PyValue
 use super::MAX_LINE_BYTES;
 use crate::error::{NativeError, NativeResult};
 
-/// The reader builds records with jiter, which stops at this nesting; writing deeper records
-/// would produce lines our own reader skips.
-pub const MAX_DEPTH: usize = 200;
+/// Nesting beyond what the reader accepts (as deep as msgpack.zstf) is refused.
+pub const MAX_DEPTH: usize = super::py_build::MAX_JSON_DEPTH;
 
 fn refuse(problem: impl Into<String>) -> NativeError {
     NativeError::Encode(problem.into())

@@ -21,6 +21,7 @@ mod py_value;
 pub mod zstf;
 
 pub use decode::{shard_reader_from_bytes, ShardReader};
+
 pub use encode::ShardEncoder;
 
 /// A zstd frame (its 8-byte length prefix excluded) may hold at most this many bytes.
@@ -94,6 +95,62 @@ pub(crate) fn shard_error(
         format: format.name(),
         uri: uri.to_owned(),
         reason: reason.into(),
+    }
+}
+
+/// The records `[start, stop)` of a shard that holds `declared` records.
+///
+/// A full range (`0..declared`) keeps every end check of SPEC 3 in the reader; a partial one
+/// is checked by the decoder core, which counts the records it passes (skipped or not).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordRange {
+    pub start: u64,
+    pub stop: u64,
+    pub declared: u64,
+}
+
+impl RecordRange {
+    pub fn full(declared: u64) -> Self {
+        Self {
+            start: 0,
+            stop: declared,
+            declared,
+        }
+    }
+
+    /// `stop` defaults to `declared`; a ValueError unless `0 <= start <= stop <= declared`
+    /// (signed, so a negative index from Python is that ValueError too).
+    pub fn new(declared: u64, start: i64, stop: Option<i64>) -> NativeResult<Self> {
+        let stop_or_all = stop.map_or(Ok(declared), u64::try_from);
+        match (u64::try_from(start), stop_or_all) {
+            (Ok(start), Ok(stop)) if start <= stop && stop <= declared => Ok(Self {
+                start,
+                stop,
+                declared,
+            }),
+            _ => {
+                let stop = stop.map_or(declared.to_string(), |stop| stop.to_string());
+                Err(NativeError::Config(format!(
+                    "Invalid record range start={start}, stop={stop} for a shard of \
+                     {declared} records; expected 0 <= start <= stop <= {declared}"
+                )))
+            }
+        }
+    }
+
+    /// Every record of the shard: the reader keeps today's full-read semantics.
+    pub fn is_full(&self) -> bool {
+        self.start == 0 && self.stop == self.declared
+    }
+
+    /// The range ends at the shard's last record, so the end of the object is checked too.
+    pub fn reaches_end(&self) -> bool {
+        self.stop == self.declared
+    }
+
+    /// Records the range holds.
+    pub fn records(&self) -> u64 {
+        self.stop - self.start
     }
 }
 

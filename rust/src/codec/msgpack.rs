@@ -8,6 +8,16 @@
 pub const INVALID_PAYLOAD: &str = "invalid MessagePack payload";
 pub const NOT_A_MAP: &str = "payload not a map";
 pub const NON_STRING_KEY: &str = "non-string map key";
+pub const TOO_DEEP: &str = "nesting too deep";
+
+/// Maps and arrays may nest this deep (the root map is level 1), as deep as the writer goes.
+pub const MAX_DEPTH: usize = 1000;
+
+/// Internal: a token runs past the bytes available so far.
+const INCOMPLETE: &str = "incomplete MessagePack token";
+/// While a payload arrives: a value needs more bytes than the payload may hold. The caller
+/// knows which limit that was (a declared size, or the 1 GiB cap) and names the reason.
+pub const BEYOND_LIMIT: &str = "MessagePack value runs past the payload limit";
 
 /// A leaf value, borrowed from the payload.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -64,10 +74,60 @@ impl Sink for Validator {
 
 /// Checks that `payload` is one map with string keys at every depth, nothing after it.
 pub fn validate_record(payload: &[u8]) -> Result<(), &'static str> {
-    parse_record(payload, &mut Validator).map_err(|err| match err {
+    parse_record(payload, &mut Validator).map_err(validation_reason)
+}
+
+fn validation_reason(err: ParseError<std::convert::Infallible>) -> &'static str {
+    match err {
         ParseError::Payload(reason) => reason,
         ParseError::Sink(never) => match never {},
-    })
+    }
+}
+
+/// Validates a payload while it is still being decompressed: each `feed` parses the complete
+/// tokens of the payload so far, so a bad byte (nesting too deep above all) stops the
+/// decompression there, instead of after the whole payload is held. Its own memory is the
+/// open-container stack, at most [`MAX_DEPTH`] entries.
+#[derive(Default)]
+pub struct StreamValidator {
+    parser: Parser,
+    /// Bytes parsed so far.
+    pos: usize,
+}
+
+impl StreamValidator {
+    /// Starts a new payload.
+    pub fn reset(&mut self) {
+        self.parser = Parser::default();
+        self.pos = 0;
+    }
+
+    /// `so_far` is the payload decompressed so far (earlier bytes unchanged since the last
+    /// call); `limit` the most it may grow to.
+    pub fn feed(&mut self, so_far: &[u8], limit: usize) -> Result<(), &'static str> {
+        let mut cur = Cursor::resume(so_far, self.pos, Some(limit));
+        let result = self.parser.advance(&mut cur, &mut Validator);
+        self.pos = cur.pos;
+        let complete = result.map_err(validation_reason)?;
+        // A complete record followed by more bytes is not one value.
+        if complete && cur.remaining() != 0 {
+            return Err(INVALID_PAYLOAD);
+        }
+        Ok(())
+    }
+
+    /// The payload ended as `payload`: it must be exactly one complete record.
+    pub fn finish(&mut self, payload: &[u8]) -> Result<(), &'static str> {
+        let mut cur = Cursor::resume(payload, self.pos, None);
+        let complete = self
+            .parser
+            .advance(&mut cur, &mut Validator)
+            .map_err(validation_reason)?;
+        if !complete || cur.remaining() != 0 {
+            return Err(INVALID_PAYLOAD);
+        }
+        Ok(())
+    }
 }
 
 /// One MessagePack item: a scalar, or the header of a map (entries) or array (items).
@@ -81,16 +141,29 @@ pub(crate) enum Token<'a> {
 pub(crate) struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// `Some(limit)` while the payload is still arriving (it may grow up to `limit` bytes): a
+    /// token running past `buf` is then incomplete rather than invalid.
+    partial: Option<usize>,
 }
 
 impl<'a> Cursor<'a> {
     pub(crate) fn new(buf: &'a [u8]) -> Self {
-        Self { buf, pos: 0 }
+        Self::resume(buf, 0, None)
+    }
+
+    fn resume(buf: &'a [u8], pos: usize, partial: Option<usize>) -> Self {
+        Self { buf, pos, partial }
     }
 
     fn take(&mut self, n: usize) -> Result<&'a [u8], &'static str> {
         let end = self.pos.checked_add(n).ok_or(INVALID_PAYLOAD)?;
-        let bytes = self.buf.get(self.pos..end).ok_or(INVALID_PAYLOAD)?;
+        let Some(bytes) = self.buf.get(self.pos..end) else {
+            return Err(match self.partial {
+                Some(limit) if end <= limit => INCOMPLETE,
+                Some(_) => BEYOND_LIMIT,
+                None => INVALID_PAYLOAD,
+            });
+        };
         self.pos = end;
         Ok(bytes)
     }
@@ -117,6 +190,13 @@ impl<'a> Cursor<'a> {
         self.buf.len() - self.pos
     }
 
+    /// Bytes the payload may still hold after the current position.
+    fn room(&self) -> usize {
+        self.partial
+            .unwrap_or(self.buf.len())
+            .saturating_sub(self.pos)
+    }
+
     fn str(&mut self, len: usize) -> Result<Token<'a>, &'static str> {
         let bytes = self.take(len)?;
         let text = std::str::from_utf8(bytes).map_err(|_| INVALID_PAYLOAD)?;
@@ -136,16 +216,38 @@ impl<'a> Cursor<'a> {
             Some(items)
         };
         match needed {
-            Some(n) if n <= self.remaining() => Ok(if map {
+            Some(n) if n <= self.room() => Ok(if map {
                 Token::Map(items)
             } else {
                 Token::Array(items)
             }),
+            _ if self.partial.is_some() => Err(BEYOND_LIMIT),
             _ => Err(INVALID_PAYLOAD),
         }
     }
 
+    /// The next token; `None` if it is not complete yet (the position is then unchanged).
+    fn resumable_token(&mut self) -> Result<Option<Token<'a>>, &'static str> {
+        let mark = self.pos;
+        match self.raw_token() {
+            Ok(token) => Ok(Some(token)),
+            Err(INCOMPLETE) => {
+                self.pos = mark;
+                Ok(None)
+            }
+            Err(reason) => Err(reason),
+        }
+    }
+
+    /// The next token of a complete payload.
     pub(crate) fn token(&mut self) -> Result<Token<'a>, &'static str> {
+        self.raw_token().map_err(|reason| match reason {
+            INCOMPLETE => INVALID_PAYLOAD,
+            other => other,
+        })
+    }
+
+    fn raw_token(&mut self) -> Result<Token<'a>, &'static str> {
         let marker = self.u8()?;
         let scalar = |s| Ok(Token::Scalar(s));
         match marker {
@@ -223,52 +325,80 @@ fn payload<E>(reason: &'static str) -> ParseError<E> {
     ParseError::Payload(reason)
 }
 
-/// Parses one record: a map with string keys at every depth, filling the whole payload.
+/// Where a parse stands between calls: the open containers, innermost last.
+#[derive(Default)]
+struct Parser {
+    stack: Vec<Open>,
+    started: bool,
+}
+
+impl Parser {
+    /// Parses the tokens of `cur` until the record is complete (`true`) or the bytes so far
+    /// end inside a token (`false`; the cursor then stops before that token).
+    fn advance<S: Sink>(
+        &mut self,
+        cur: &mut Cursor<'_>,
+        sink: &mut S,
+    ) -> Result<bool, ParseError<S::Error>> {
+        if !self.started {
+            let Some(token) = cur.resumable_token().map_err(payload)? else {
+                return Ok(false);
+            };
+            let Token::Map(entries) = token else {
+                return Err(payload(NOT_A_MAP));
+            };
+            sink.begin_map(entries).map_err(ParseError::Sink)?;
+            self.stack.push(Open {
+                map: true,
+                remaining: entries * 2,
+            });
+            self.started = true;
+        }
+        while let Some(top) = self.stack.last_mut() {
+            if top.remaining == 0 {
+                self.stack.pop();
+                sink.end().map_err(ParseError::Sink)?;
+                continue;
+            }
+            let is_key = top.map && top.remaining % 2 == 0;
+            let Some(token) = cur.resumable_token().map_err(payload)? else {
+                return Ok(false);
+            };
+            top.remaining -= 1;
+            if is_key {
+                match token {
+                    Token::Scalar(Scalar::Str(key)) => sink.key(key).map_err(ParseError::Sink)?,
+                    _ => return Err(payload(NON_STRING_KEY)),
+                }
+                continue;
+            }
+            let (map, remaining) = match token {
+                Token::Scalar(value) => {
+                    sink.scalar(value).map_err(ParseError::Sink)?;
+                    continue;
+                }
+                Token::Map(n) => (true, n * 2),
+                Token::Array(n) => (false, n),
+            };
+            if self.stack.len() >= MAX_DEPTH {
+                return Err(payload(TOO_DEEP));
+            }
+            if map {
+                sink.begin_map(remaining / 2).map_err(ParseError::Sink)?;
+            } else {
+                sink.begin_array(remaining).map_err(ParseError::Sink)?;
+            }
+            self.stack.push(Open { map, remaining });
+        }
+        Ok(true)
+    }
+}
+
+/// Parses one record: a map with string keys at every depth (nested at most [`MAX_DEPTH`]
+/// levels), filling the whole payload.
 pub fn parse_record<S: Sink>(buf: &[u8], sink: &mut S) -> Result<(), ParseError<S::Error>> {
     let mut cur = Cursor::new(buf);
-    let first = match cur.token().map_err(payload)? {
-        Token::Map(n) => n,
-        Token::Scalar(_) | Token::Array(_) => return Err(payload(NOT_A_MAP)),
-    };
-    sink.begin_map(first).map_err(ParseError::Sink)?;
-    let mut stack = vec![Open {
-        map: true,
-        remaining: first * 2,
-    }];
-    while let Some(top) = stack.last_mut() {
-        if top.remaining == 0 {
-            stack.pop();
-            sink.end().map_err(ParseError::Sink)?;
-            continue;
-        }
-        let is_key = top.map && top.remaining % 2 == 0;
-        top.remaining -= 1;
-        let token = cur.token().map_err(payload)?;
-        if is_key {
-            match token {
-                Token::Scalar(Scalar::Str(key)) => sink.key(key).map_err(ParseError::Sink)?,
-                _ => return Err(payload(NON_STRING_KEY)),
-            }
-            continue;
-        }
-        match token {
-            Token::Scalar(value) => sink.scalar(value).map_err(ParseError::Sink)?,
-            Token::Map(n) => {
-                sink.begin_map(n).map_err(ParseError::Sink)?;
-                stack.push(Open {
-                    map: true,
-                    remaining: n * 2,
-                });
-            }
-            Token::Array(n) => {
-                sink.begin_array(n).map_err(ParseError::Sink)?;
-                stack.push(Open {
-                    map: false,
-                    remaining: n,
-                });
-            }
-        }
-    }
+    Parser::default().advance(&mut cur, sink)?;
     if cur.remaining() != 0 {
         return Err(payload(INVALID_PAYLOAD));
     }
@@ -455,13 +585,84 @@ mod tests {
         }
     }
 
-    #[test]
-    fn deep_nesting_does_not_recurse() {
-        let depth = 1_000_000;
+    /// The root map holding `arrays` arrays nested in each other, the innermost holding nil.
+    fn nested(arrays: usize) -> Vec<u8> {
         let mut payload = vec![0x81, 0xa1, b'k'];
-        payload.extend(std::iter::repeat_n(0x91, depth));
+        payload.extend(std::iter::repeat_n(0x91, arrays));
         payload.push(0xc0);
-        assert_eq!(validate_record(&payload), Ok(()));
+        payload
+    }
+
+    #[test]
+    fn nesting_is_bounded_at_the_writers_depth() {
+        assert_eq!(validate_record(&nested(MAX_DEPTH - 1)), Ok(()));
+        assert_eq!(validate_record(&nested(MAX_DEPTH)), Err(TOO_DEEP));
+        assert_eq!(validate_record(&nested(1_000_000)), Err(TOO_DEEP));
+    }
+
+    /// Feeds `payload` in growing prefixes of `step` bytes, as decompression produces it.
+    fn stream_validate(payload: &[u8], step: usize) -> Result<(), &'static str> {
+        let mut validator = StreamValidator::default();
+        let mut end = 0;
+        while end < payload.len() {
+            end = (end + step).min(payload.len());
+            // Here the limit is the payload's own size, so running past it is invalid.
+            validator
+                .feed(&payload[..end], payload.len())
+                .map_err(|r| {
+                    if r == BEYOND_LIMIT {
+                        INVALID_PAYLOAD
+                    } else {
+                        r
+                    }
+                })?;
+        }
+        validator.finish(payload)
+    }
+
+    #[test]
+    fn stream_validation_agrees_with_whole_validation() {
+        let payloads: &[&[u8]] = &[
+            &[
+                0x83, 0xa1, b'a', 0x94, 0x01, 0xff, 0xc0, 0xc3, 0xa1, b'b', 0x81, 0xa1, b'c', 0xc4,
+                0x01, 0x00, 0xa1, b'd', 0xca, 0x3f, 0xc0, 0x00, 0x00,
+            ],
+            &[0x81, 0xa1, b'k', 0xda, 0x00, 0x03, b'x', b'y', b'z'],
+            &[0x81, 0xa1, b'k', 0xc4, 0x05, 1, 2],
+            &[0x81, 0xa1, b'k', 0x01, 0x02],
+            &[0x80, 0x80],
+            &[0x93, 0x01, 0x02, 0x03],
+            &[0x81, 0x01, 0x02],
+            &[0x81, 0xa1, 0xff, 0x01],
+            &[0xdf, 0xff, 0xff, 0xff, 0xff],
+            &[],
+        ];
+        for payload in payloads
+            .iter()
+            .copied()
+            .chain([&nested(2000)[..], &nested(999)[..]])
+        {
+            for step in [1, 2, 3, 7, 1 << 20] {
+                assert_eq!(
+                    stream_validate(payload, step),
+                    validate_record(payload),
+                    "{payload:x?} in steps of {step}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn stream_validation_stops_at_the_first_bad_byte() {
+        // The depth error is found in the first 1004 bytes of a far longer payload.
+        let payload = nested(10_000);
+        let mut validator = StreamValidator::default();
+        assert_eq!(
+            validator.feed(&payload[..1004], payload.len()),
+            Err(TOO_DEEP)
+        );
+        let mut validator = StreamValidator::default();
+        assert_eq!(validator.feed(&[0x90], 100), Err(NOT_A_MAP));
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! Building Python records under the GIL from bytes the decoder thread already checked.
 
-use jiter::{FloatMode, PartialMode, PythonParse, StringCacheMode};
+use jiter::{FloatMode, JsonErrorType, PartialMode, PythonParse, StringCacheMode};
+use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyBytes, PyDict};
 
 use super::key_cache::KeyCache;
+use super::lines::nesting_exceeds;
 use super::msgpack::{self, Cursor, Scalar, Token};
 
 /// An open container being filled: a borrowed pointer (its parent, or the root we own, holds
@@ -146,11 +148,26 @@ fn scalar_object<'py>(py: Python<'py>, value: Scalar<'_>) -> Result<Bound<'py, P
     }
 }
 
-/// Parses one jsonl line; `None` when it is not JSON or not an object (the caller logs it).
+/// What one jsonl line holds.
+pub enum JsonLine<'py> {
+    Record(Bound<'py, PyDict>),
+    /// Not JSON, or not an object: the caller logs and skips it.
+    Invalid,
+    /// Nested deeper than [`MAX_JSON_DEPTH`]: a shard error, found before anything is built.
+    TooDeep,
+}
+
+/// JSON objects and arrays may nest this deep (the record is level 1), as msgpack.zstf.
+pub const MAX_JSON_DEPTH: usize = 1000;
+
+/// Parses one jsonl line.
 ///
 /// Like `json.loads`: NaN and (-)Infinity are floats, big integers are `int`, a repeated key
-/// keeps its last value.
-pub fn json_record<'py>(py: Python<'py>, line: &[u8]) -> Option<Bound<'py, PyDict>> {
+/// keeps its last value. jiter builds the common line; it stops at a fixed depth of 200 (its
+/// limit is a `u8` it does not let callers raise), so a deeper line, once its depth is checked,
+/// is built by `json.loads` itself, which takes the same input to the same objects.
+/// Errors: only Python's own (MemoryError).
+pub fn json_record<'py>(py: Python<'py>, line: &[u8]) -> PyResult<JsonLine<'py>> {
     let parser = PythonParse {
         allow_inf_nan: true,
         cache_mode: StringCacheMode::Keys,
@@ -158,6 +175,22 @@ pub fn json_record<'py>(py: Python<'py>, line: &[u8]) -> Option<Bound<'py, PyDic
         catch_duplicate_keys: false,
         float_mode: FloatMode::Float,
     };
-    let value = parser.python_parse(py, line).ok()?;
-    value.downcast_into::<PyDict>().ok()
+    let value = match parser.python_parse(py, line) {
+        Ok(value) => value,
+        Err(err) if err.error_type == JsonErrorType::RecursionLimitExceeded => {
+            if nesting_exceeds(line, MAX_JSON_DEPTH) {
+                return Ok(JsonLine::TooDeep);
+            }
+            let loads = py.import("json")?.getattr("loads")?;
+            match loads.call1((PyBytes::new(py, line),)) {
+                Ok(value) => value,
+                Err(err) if err.is_instance_of::<PyValueError>(py) => return Ok(JsonLine::Invalid),
+                Err(err) => return Err(err),
+            }
+        }
+        Err(_) => return Ok(JsonLine::Invalid),
+    };
+    Ok(value
+        .downcast_into::<PyDict>()
+        .map_or(JsonLine::Invalid, JsonLine::Record))
 }

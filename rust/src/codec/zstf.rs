@@ -6,7 +6,9 @@
 use zstd::zstd_safe::{self, DCtx, InBuffer, OutBuffer};
 
 use super::chunks::ChunkReader;
-use super::{found_more, msgpack, Failure, MAX_FRAME_BYTES, MAX_PAYLOAD_BYTES};
+use super::{
+    count_mismatch, found_more, msgpack, Failure, RecordRange, MAX_FRAME_BYTES, MAX_PAYLOAD_BYTES,
+};
 use crate::source::ByteSource;
 
 pub const INVALID_FRAME_LENGTH: &str = "invalid frame length";
@@ -18,15 +20,20 @@ pub const PAYLOAD_TOO_LARGE: &str = "payload too large";
 /// The magic number of a regular (not skippable) Zstandard frame, little-endian.
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 
-/// Reads the records of one shard, never more than declared.
+/// Reads the records of one shard (or of a range of it), never more than declared.
 pub struct ZstfFrames {
     reader: ChunkReader,
-    declared: u64,
+    range: RecordRange,
+    /// The object's size when known: a length header reaching past it is a truncated frame
+    /// at once, before its bytes are read or skipped.
+    object_size: Option<u64>,
+    /// Records passed so far, skipped ones included: the index of the next record.
     frames: u64,
     dctx: DCtx<'static>,
     payload_limit: u64,
     /// The frame being decompressed; reused, so steady-state records allocate nothing.
     scratch: Vec<u8>,
+    validator: msgpack::StreamValidator,
 }
 
 /// A scratch buffer grown past this by a large record is freed rather than kept.
@@ -34,14 +41,29 @@ const MAX_KEPT_SCRATCH: usize = 8 << 20;
 
 impl ZstfFrames {
     pub fn new(source: Box<dyn ByteSource>, declared: u64) -> Self {
+        Self::with_range(source, RecordRange::full(declared))
+    }
+
+    /// Reads the records of `range` only: earlier frames are hopped by their length headers
+    /// without being decompressed, and reading stops after the range.
+    pub fn with_range(source: Box<dyn ByteSource>, range: RecordRange) -> Self {
         Self {
             reader: ChunkReader::new(source),
-            declared,
+            range,
+            object_size: None,
             frames: 0,
             dctx: DCtx::create(),
             payload_limit: MAX_PAYLOAD_BYTES,
             scratch: Vec::new(),
+            validator: msgpack::StreamValidator::default(),
         }
+    }
+
+    /// The object holds exactly `size` bytes (the manifest's `size_bytes`, which the stream
+    /// enforces).
+    pub fn with_object_size(mut self, size: u64) -> Self {
+        self.object_size = Some(size);
+        self
     }
 
     /// Lowers the payload limit, so tests can reach it with small inputs.
@@ -50,7 +72,7 @@ impl ZstfFrames {
         self
     }
 
-    /// Records read so far.
+    /// Records passed so far (skipped ones included).
     pub fn frames(&self) -> u64 {
         self.frames
     }
@@ -62,11 +84,56 @@ impl ZstfFrames {
     }
 
     /// Appends the next record's validated payload to `out` (so a batch of records shares one
-    /// buffer); `false` at the end of the object. On an error `out` is left as it was.
+    /// buffer); `false` at the end of the object (or of the range). On an error `out` is left
+    /// as it was.
     pub fn append_payload(&mut self, out: &mut Vec<u8>) -> Result<bool, Failure> {
+        while self.frames < self.range.start {
+            let len = self.frame_header()?.ok_or_else(|| self.ended_early())?;
+            if self.reader.skip(len)? < len {
+                return Err(Failure::shard(TRUNCATED_FRAME));
+            }
+            self.frames += 1;
+        }
+        if self.frames == self.range.stop && !self.range.reaches_end() {
+            return Ok(false);
+        }
+        let Some(len) = self.frame_header()? else {
+            // A full read leaves the count check to the reader, which counts built records.
+            if !self.range.is_full() && self.frames < self.range.stop {
+                return Err(self.ended_early());
+            }
+            return Ok(false);
+        };
+        let frame = self.reader.read_exact(len)?;
+        if frame.len() < len {
+            return Err(Failure::shard(TRUNCATED_FRAME));
+        }
+        let (scratch, validator) = (&mut self.scratch, &mut self.validator);
+        validator.reset();
+        // Validated as it is decompressed: a payload that goes wrong early (a 1 GiB bomb of
+        // nested arrays) is refused after its first bytes, not after it is all held.
+        decompress_frame(
+            &mut self.dctx,
+            &frame,
+            self.payload_limit,
+            scratch,
+            |so_far, limit| validator.feed(so_far, limit),
+        )?;
+        validator.finish(scratch).map_err(Failure::shard)?;
+        out.extend_from_slice(scratch);
+        if scratch.capacity() > MAX_KEPT_SCRATCH {
+            *scratch = Vec::new();
+        }
+        self.frames += 1;
+        Ok(true)
+    }
+
+    /// Reads the next 8-byte length header; `None` at the end of the object. The length is
+    /// checked (0 < L <= 256 MiB) before anything is read or skipped.
+    fn frame_header(&mut self) -> Result<Option<usize>, Failure> {
         let header = self.reader.read_exact(8)?;
         if header.is_empty() {
-            return Ok(false);
+            return Ok(None);
         }
         let header: [u8; 8] = header[..]
             .try_into()
@@ -76,33 +143,36 @@ impl ZstfFrames {
             return Err(Failure::shard(INVALID_FRAME_LENGTH));
         }
         // A well-formed header after the last declared record: stop before reading its frame.
-        if self.frames == self.declared {
-            return Err(Failure::shard(found_more(self.declared)));
+        if self.frames == self.range.declared {
+            return Err(Failure::shard(found_more(self.range.declared)));
         }
-        let len = usize::try_from(len).map_err(|_| Failure::shard(INVALID_FRAME_LENGTH))?;
-        let frame = self.reader.read_exact(len)?;
-        if frame.len() < len {
+        if self
+            .object_size
+            .is_some_and(|size| self.reader.position().saturating_add(len) > size)
+        {
             return Err(Failure::shard(TRUNCATED_FRAME));
         }
-        let scratch = &mut self.scratch;
-        decompress_frame(&mut self.dctx, &frame, self.payload_limit, scratch)?;
-        msgpack::validate_record(scratch).map_err(Failure::shard)?;
-        out.extend_from_slice(scratch);
-        if scratch.capacity() > MAX_KEPT_SCRATCH {
-            *scratch = Vec::new();
-        }
-        self.frames += 1;
-        Ok(true)
+        usize::try_from(len)
+            .map(Some)
+            .map_err(|_| Failure::shard(INVALID_FRAME_LENGTH))
+    }
+
+    /// The object ended before the range did.
+    fn ended_early(&self) -> Failure {
+        Failure::shard(count_mismatch(self.range.declared, self.frames))
     }
 }
 
 /// Decompresses exactly one complete frame filling `frame`, to at most `limit` bytes, into
-/// `out` (cleared first; its capacity is reused).
+/// `out` (cleared first; its capacity is reused). After each step `check` sees the output so
+/// far and the most it may grow to, and may stop the decompression with a reason
+/// ([`msgpack::BEYOND_LIMIT`]: the payload would outgrow its limit).
 fn decompress_frame(
     dctx: &mut DCtx<'_>,
     frame: &[u8],
     limit: u64,
     out: &mut Vec<u8>,
+    mut check: impl FnMut(&[u8], usize) -> Result<(), &'static str>,
 ) -> Result<(), Failure> {
     let invalid = || Failure::shard(INVALID_ZSTD_FRAME);
     if frame.get(..4) != Some(&ZSTD_MAGIC[..]) {
@@ -143,6 +213,17 @@ fn decompress_frame(
             } else {
                 Failure::shard(PAYLOAD_TOO_LARGE)
             });
+        }
+        if out.len() > written_before {
+            check(out, limit).map_err(|reason| match reason {
+                // Past a declared size the payload cannot be what it claims; past the cap it
+                // is too large.
+                msgpack::BEYOND_LIMIT if declared.is_some() => {
+                    Failure::shard(msgpack::INVALID_PAYLOAD)
+                }
+                msgpack::BEYOND_LIMIT => Failure::shard(PAYLOAD_TOO_LARGE),
+                reason => Failure::shard(reason),
+            })?;
         }
         if hint == 0 {
             break;
@@ -239,6 +320,131 @@ mod tests {
         data.extend(record(MAP));
         assert_eq!(read_all(&data, 1, 64), Err(found_more(1)));
         assert_eq!(read_all(&data, 3, 64).unwrap().len(), 2);
+    }
+
+    fn read_range(data: &[u8], range: RecordRange, chunk: usize) -> Result<Vec<Vec<u8>>, String> {
+        let chunks: Vec<Bytes> = data.chunks(chunk).map(Bytes::copy_from_slice).collect();
+        let source = MemorySource::new(chunks);
+        let mut frames =
+            ZstfFrames::with_range(Box::new(source), range).with_object_size(data.len() as u64);
+        let mut out = Vec::new();
+        loop {
+            match frames.next_payload() {
+                Ok(Some(p)) => out.push(p),
+                Ok(None) => return Ok(out),
+                Err(Failure::Shard(reason)) => return Err(reason),
+                Err(Failure::Source(err)) => return Err(err.to_string()),
+            }
+        }
+    }
+
+    fn range(declared: u64, start: i64, stop: i64) -> RecordRange {
+        RecordRange::new(declared, start, Some(stop)).unwrap()
+    }
+
+    /// Four records; the second holds a frame that is not even Zstandard.
+    fn shard_with_garbage_second() -> Vec<u8> {
+        let mut data = record(&[0x81, 0xa1, b'i', 0x00]);
+        data.extend(8u64.to_be_bytes());
+        data.extend(b"notzstd!");
+        data.extend(record(&[0x81, 0xa1, b'i', 0x02]));
+        data.extend(record(&[0x81, 0xa1, b'i', 0x03]));
+        data
+    }
+
+    #[test]
+    fn skips_frames_before_the_range_without_decompressing_them() {
+        let data = shard_with_garbage_second();
+        let third = vec![0x81, 0xa1, b'i', 0x02];
+        let fourth = vec![0x81, 0xa1, b'i', 0x03];
+        for chunk in [1, 5, 1000] {
+            assert_eq!(
+                read_range(&data, range(4, 2, 4), chunk).unwrap(),
+                vec![third.clone(), fourth.clone()]
+            );
+            assert_eq!(
+                read_range(&data, range(4, 2, 3), chunk).unwrap(),
+                vec![third.clone()]
+            );
+            assert_eq!(
+                read_range(&data, range(4, 4, 4), chunk).unwrap(),
+                Vec::<Vec<u8>>::new()
+            );
+            assert_eq!(read_range(&data, range(4, 0, 1), chunk).unwrap().len(), 1);
+        }
+        // The whole shard does decompress the bad frame.
+        assert_eq!(
+            read_range(&data, RecordRange::full(4), 64),
+            Err(INVALID_ZSTD_FRAME.into())
+        );
+    }
+
+    #[test]
+    fn stops_after_the_range_and_checks_the_end_only_when_it_reaches_it() {
+        let mut data = record(MAP);
+        data.extend(record(MAP));
+        data.extend(b"trailing garbage");
+        assert_eq!(read_range(&data, range(3, 0, 2), 64).unwrap().len(), 2);
+        assert_eq!(read_range(&data, range(3, 1, 2), 64).unwrap().len(), 1);
+        assert_eq!(
+            read_range(&data, range(2, 1, 2), 64),
+            Err(INVALID_FRAME_LENGTH.into())
+        );
+        let mut three = record(MAP);
+        three.extend(record(MAP));
+        three.extend(record(MAP));
+        assert_eq!(read_range(&three, range(2, 1, 2), 64), Err(found_more(2)));
+        assert_eq!(read_range(&three, range(2, 2, 2), 64), Err(found_more(2)));
+    }
+
+    #[test]
+    fn a_shard_ending_before_the_range_is_a_count_error() {
+        let mut data = record(MAP);
+        data.extend(record(MAP));
+        assert_eq!(
+            read_range(&data, range(5, 3, 4), 64),
+            Err(count_mismatch(5, 2))
+        );
+        assert_eq!(
+            read_range(&data, range(5, 1, 4), 64),
+            Err(count_mismatch(5, 2))
+        );
+        assert_eq!(
+            read_range(&data, range(5, 0, 5), 64),
+            Ok(vec![MAP.to_vec(); 2])
+        );
+        assert_eq!(
+            read_range(&data, range(5, 1, 5), 64),
+            Err(count_mismatch(5, 2))
+        );
+    }
+
+    #[test]
+    fn corrupt_length_headers_in_the_skipped_part_are_errors() {
+        let good = record(MAP);
+        let mut zero = vec![0u8; 8];
+        zero.extend(&good);
+        assert_eq!(
+            read_range(&zero, range(2, 1, 2), 64),
+            Err(INVALID_FRAME_LENGTH.into())
+        );
+        let mut huge = (MAX_FRAME_BYTES + 1).to_be_bytes().to_vec();
+        huge.extend(&good);
+        assert_eq!(
+            read_range(&huge, range(2, 1, 2), 64),
+            Err(INVALID_FRAME_LENGTH.into())
+        );
+        // A length reaching past the object fails before anything is skipped.
+        let mut past = 1000u64.to_be_bytes().to_vec();
+        past.extend(&good);
+        assert_eq!(
+            read_range(&past, range(2, 1, 2), 64),
+            Err(TRUNCATED_FRAME.into())
+        );
+        assert_eq!(
+            read_range(&good[..5], range(2, 1, 2), 64),
+            Err(TRUNCATED_HEADER.into())
+        );
     }
 
     #[test]
