@@ -439,9 +439,11 @@ def iter_parquet_shard(
     """
     stop = shard.records if stop is None else stop
     if not (type(start) is int and type(stop) is int and 0 <= start <= stop <= shard.records):
+        # The native readers' message, with the shard named.
         raise ValueError(
-            f"Parquet shard {shard.uri}: rows [{start!r}, {stop!r}) are not a range of its "
-            f"{shard.records} records (0 <= start <= stop <= records)"
+            f"Parquet shard {shard.uri}: Invalid record range start={start!r}, stop={stop!r} "
+            f"for a shard of {shard.records} records; "
+            f"expected 0 <= start <= stop <= {shard.records}"
         )
     return _iter_rows(shard, storage_config, start, stop)
 
