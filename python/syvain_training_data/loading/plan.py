@@ -363,19 +363,28 @@ def round_robin_taken(batches: Sequence[int], received: int) -> list[int]:
     """Batches taken from each worker once ``received`` batches came out of a torch DataLoader
     whose workers hold ``batches``: it takes one from each worker in turn, passing over
     exhausted ones (in-order delivery). A rank with fewer batches gives all of them."""
+    return _round_robin(batches, received)[0]
+
+
+def _round_robin(batches: Sequence[int], received: int) -> tuple[list[int], int]:
+    """(batches taken from each worker, the worker whose turn comes next) after ``received``
+    batches of torch's in-order round robin (see round_robin_taken)."""
     taken = [0 for _ in batches]
     active = [w for w, count in enumerate(batches) if count > 0]
+    last = -1
     while received > 0 and active:
         rounds = min(min(batches[w] - taken[w] for w in active), received // len(active))
         if rounds == 0:  # a last, partial round
             for w in active[:received]:
                 taken[w] += 1
+            last = active[received - 1]
             break
         for w in active:
             taken[w] += rounds
         received -= rounds * len(active)
+        last = active[-1]
         active = [w for w in active if taken[w] < batches[w]]
-    return taken
+    return taken, (last + 1) % len(batches)
 
 
 def _balanced(level: Level, world_size: int, equal_batches: bool) -> Level:
@@ -408,24 +417,6 @@ def _unread(
     ]
 
 
-def _next_turn(batches: Sequence[int], received: int) -> int:
-    """The worker whose turn comes after ``received`` batches (see round_robin_taken)."""
-    taken = [0 for _ in batches]
-    active = [w for w, count in enumerate(batches) if count > 0]
-    last = -1
-    while received > 0 and active:
-        rounds = min(min(batches[w] - taken[w] for w in active), received // len(active))
-        if rounds == 0:
-            last = active[received - 1]
-            break
-        for w in active:
-            taken[w] += rounds
-        received -= rounds * len(active)
-        last = active[-1]
-        active = [w for w in active if taken[w] < batches[w]]
-    return (last + 1) % len(batches)
-
-
 def _continued(
     parts: list[list[tuple[int, int]]], interrupt: Interrupt
 ) -> list[list[tuple[int, int]]]:
@@ -436,7 +427,7 @@ def _continued(
     batches = [
         batch_count(_length(part), topology.batch_size, topology.drop_last) for part in parts
     ]
-    turn = _next_turn(batches, interrupt.batches)
+    turn = _round_robin(batches, interrupt.batches)[1]
     rest = _unread(parts, interrupt)
     return [rest[(worker + turn) % topology.workers] for worker in range(topology.workers)]
 
