@@ -30,6 +30,7 @@ try:
     import pyarrow as pa
     import ray.data
     from ray.data.block import Block, BlockAccessor, BlockMetadata
+    from ray.data.context import DataContext
     from ray.data.datasource import Datasink, Datasource, ReadTask, WriteResult
 except ModuleNotFoundError as error:  # pragma: no cover - exercised without the extra
     raise ModuleNotFoundError(
@@ -101,7 +102,7 @@ def _block_of(records: list[Mapping[str, Any]], part: _RecordRange) -> pa.Table:
         ) from None
 
 
-class SyvainDatasource(Datasource):  # type: ignore[misc]
+class SyvainDatasource(Datasource):
     """The records of one split, a curriculum stage or a union of stages, as Ray read tasks.
 
     The manifest is read once, here, on the driver; its shards are confined to its scheme
@@ -125,7 +126,7 @@ class SyvainDatasource(Datasource):  # type: ignore[misc]
         records_per_task: int | None = None,
         allow_mixed_schemes: bool = False,
     ) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # (ray leaves it untyped)
         if records_per_task is not None and (
             isinstance(records_per_task, bool)
             or not isinstance(records_per_task, int)
@@ -155,7 +156,12 @@ class SyvainDatasource(Datasource):  # type: ignore[misc]
         """The stored (compressed) bytes of the selected records: a lower bound."""
         return sum(_range_bytes(part) for part in self.ranges)
 
-    def get_read_tasks(self, parallelism: int, **_: Any) -> list[ReadTask]:
+    def get_read_tasks(
+        self,
+        parallelism: int,
+        per_task_row_limit: int | None = None,
+        data_context: DataContext | None = None,
+    ) -> list[ReadTask]:
         """One task per range, whatever ``parallelism`` asks (see the class docstring)."""
         return [
             ReadTask(
@@ -163,9 +169,10 @@ class SyvainDatasource(Datasource):  # type: ignore[misc]
                 BlockMetadata(
                     num_rows=part.stop - part.start,
                     size_bytes=_range_bytes(part),
-                    input_files=[part.shard.uri],
+                    input_files=(part.shard.uri,),
                     exec_stats=None,
                 ),
+                per_task_row_limit=per_task_row_limit,
             )
             for part in self.ranges
         ]
@@ -203,7 +210,8 @@ def read_dataset(
         records_per_task=records_per_task,
         allow_mixed_schemes=allow_mixed_schemes,
     )
-    return ray.data.read_datasource(source, **read_args)
+    dataset: ray.data.Dataset = ray.data.read_datasource(source, **read_args)
+    return dataset
 
 
 # ----------------------------------------------------------------------------------------------
@@ -230,7 +238,7 @@ class WriteSummary:
     manifest: DataManifest | None
 
 
-class SyvainDatasink(Datasink[list[_Written]]):  # type: ignore[misc]
+class SyvainDatasink(Datasink[list[_Written]]):
     """Writes a Dataset as one split (or curriculum stage) of a dataset, through
     :class:`DatasetSaver`, then commits the manifest once: ``ds.write_datasink(sink)``.
 
