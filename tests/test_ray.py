@@ -123,6 +123,15 @@ def test_read_curriculum_stages_from_the_local_store(ray_cluster, tmp_path):
         read_dataset(uri, "train", records_per_task=0)
 
 
+def test_records_arrow_cannot_hold_in_one_column_name_the_shard(ray_cluster, tmp_path):
+    uri = f"file://{tmp_path}/mixed/data-manifest.json"
+    saver = DatasetSaver(uri, data_format="msgpack.zstf")
+    saver.save("train", None, [{"a": 1}, {"a": "one"}], shard_id="mixed")
+    shard = saver.commit_manifest().splits["train"].shards[0]
+    with pytest.raises(ValueError, match=f"Records 0..2 of shard {shard.uri} do not fit one Arrow"):
+        read_dataset(uri, "train").take_all()
+
+
 def test_a_manifest_cannot_point_ray_at_another_scheme(
     ray_cluster, tmp_path, s3_config, s3_bucket, unique_prefix
 ):

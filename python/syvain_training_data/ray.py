@@ -42,7 +42,7 @@ except ModuleNotFoundError as error:  # pragma: no cover - exercised without the
 from syvain_training_data.loading.selection import select_shards
 from syvain_training_data.manifest import DataManifest, DataManifestDataFormat, ManifestShard
 from syvain_training_data.manifest import parse_manifest as _parse_manifest
-from syvain_training_data.saver import DatasetSaver
+from syvain_training_data.saver import DatasetSaver, encode_segment
 from syvain_training_data.shard import iter_shard
 from syvain_training_data.storage import StorageConfig, get_object
 from syvain_training_data.uris import check_shard_scheme
@@ -59,6 +59,11 @@ __all__ = [
 BLOCK_RECORDS: Final = 4096
 #: Rows converted to dicts at a time when a write task hands a piece to the saver.
 _ROWS_PER_BATCH: Final = 1024
+
+
+def _check_positive(name: str, value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 def records_to_block(records: list[Mapping[str, Any]]) -> pa.Table:
@@ -127,12 +132,7 @@ class SyvainDatasource(Datasource):
         allow_mixed_schemes: bool = False,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # (ray leaves it untyped)
-        if records_per_task is not None and (
-            isinstance(records_per_task, bool)
-            or not isinstance(records_per_task, int)
-            or records_per_task <= 0
-        ):
-            raise ValueError(f"records_per_task must be a positive int, got {records_per_task!r}")
+        _check_positive("records_per_task", records_per_task)
         self.storage_config = storage_config or StorageConfig()
         manifest = _parse_manifest(
             get_object(manifest_uri, storage_config=self.storage_config), manifest_uri
@@ -271,18 +271,15 @@ class SyvainDatasink(Datasink[list[_Written]]):
         records_per_shard: int | None = None,
         commit: bool = True,
     ) -> None:
-        if records_per_shard is not None and (
-            isinstance(records_per_shard, bool)
-            or not isinstance(records_per_shard, int)
-            or records_per_shard <= 0
-        ):
-            raise ValueError(f"records_per_shard must be a positive int, got {records_per_shard!r}")
+        _check_positive("records_per_shard", records_per_shard)
+        encode_segment(split, "split")
+        if curriculum_stage is not None:
+            encode_segment(curriculum_stage, "curriculum_stage")
         if curriculum_metadata is not None and curriculum_stage is None:
             raise ValueError("curriculum_metadata requires a curriculum_stage")
         self.saver = DatasetSaver(
             manifest_uri, data_format=data_format, storage_config=storage_config
         )
-        self.saver.shard_uri(split, curriculum_stage, "x")  # names are checked now
         self.split = split
         self.curriculum_stage = curriculum_stage
         self.curriculum_metadata = dict(curriculum_metadata) if curriculum_metadata else None
@@ -298,9 +295,11 @@ class SyvainDatasink(Datasink[list[_Written]]):
         return self.records_per_shard
 
     def write(self, blocks: Iterable[Block], ctx: Any) -> list[_Written]:
+        """Saves this task's pieces (``ctx`` is Ray's TaskContext; its ``task_idx`` names them)."""
         written = []
         for index, piece in enumerate(_pieces(blocks, self.records_per_shard)):
             shard_id = f"{ctx.task_idx:06d}-{index:06d}-{_digest(piece)}"
+            # ``save`` would reuse a finished shard too; asking first tells reused from new.
             reused = self.saver.recover(
                 self.split,
                 self.curriculum_stage,
