@@ -15,7 +15,7 @@ import pytest
 import ray
 import ray.data
 from ray import cloudpickle
-from ray.exceptions import RayTaskError
+from ray.exceptions import RayError
 
 from syvain_training_data import DatasetSaver, iter_shard
 from syvain_training_data.manifest import canonical_manifest_bytes, parse_manifest
@@ -201,21 +201,24 @@ def test_map_and_save_a_derived_dataset_then_load_it_back(
     assert again.summary.manifest == manifest
 
 
-def interrupted_clean(marker: str):
-    """``clean``, but the first run dies on the last source shard (the marker file says which
-    run this is: present means the job was already interrupted once)."""
+def interrupted_clean(marker: str, how: str):
+    """``clean``, but the first run dies on the last source shard, raising or killing its worker
+    process (the marker file says which run this is: present means it was interrupted once)."""
 
     def transform(row: dict) -> dict:
         if row["id"] == f"{SOURCE_SHARDS - 1}-60" and not os.path.exists(marker):
             open(marker, "w").close()
+            if how == "exit":
+                os._exit(1)
             raise RuntimeError("interrupted on purpose")
         return clean(row)
 
     return transform
 
 
+@pytest.mark.parametrize("how", ["raise", "exit"])
 def test_rerun_after_an_interruption_reuses_finished_shards(
-    ray_cluster, s3_config, s3_bucket, unique_prefix, tmp_path
+    ray_cluster, s3_config, s3_bucket, unique_prefix, tmp_path, how
 ):
     source_uri = f"s3://{s3_bucket}/{unique_prefix}/source/data-manifest.json"
     derived_uri = f"s3://{s3_bucket}/{unique_prefix}/derived/data-manifest.json"
@@ -226,13 +229,17 @@ def test_rerun_after_an_interruption_reuses_finished_shards(
         sink = SyvainDatasink(
             derived_uri, data_format="msgpack.zstf", split="train", storage_config=s3_config
         )
-        read_dataset(source_uri, "train", storage_config=s3_config).map(
-            interrupted_clean(marker)
-        ).write_datasink(sink)
+        # No retry of a task whose worker died: the job itself stops, as a crash would stop it.
+        no_retry = {"max_retries": 0}
+        ds = read_dataset(source_uri, "train", storage_config=s3_config, ray_remote_args=no_retry)
+        ds = ds.map(interrupted_clean(marker, how), **no_retry)
+        ds.write_datasink(sink, ray_remote_args=no_retry)
         return sink
 
-    with pytest.raises((RayTaskError, RuntimeError), match="interrupted on purpose"):
+    with pytest.raises(RayError) as interruption:
         run()
+    if how == "raise":
+        assert "interrupted on purpose" in str(interruption.value)
     derived_prefix = derived_uri.rsplit("/", 1)[0]
     stored = list_objects(derived_prefix, storage_config=s3_config)
     finished = [o for o in stored if o.uri.endswith(".metadata.json")]
@@ -241,7 +248,7 @@ def test_rerun_after_an_interruption_reuses_finished_shards(
 
     sink = run()
     assert sink.summary is not None and sink.summary.manifest is not None
-    print(f"shards reused after the interruption: {sink.summary.shards_reused} of {SOURCE_SHARDS}")
+    print(f"{how}: shards reused after the interruption: {sink.summary.shards_reused} of 5")
     assert sink.summary.shards_reused == len(finished)
     assert sink.summary.shards_written == SOURCE_SHARDS - len(finished)
     # The finished shards were not written again (same objects, same etags).
