@@ -265,6 +265,26 @@ def test_rerun_after_an_interruption_reuses_finished_shards(
     assert by_id(rows) == expected
 
 
+def test_several_splits_are_written_then_committed_once(ray_cluster, tmp_path):
+    source_uri = f"file://{tmp_path}/source/data-manifest.json"
+    derived_uri = f"file://{tmp_path}/derived/data-manifest.json"
+    publish_source(source_uri, None)
+    valid = SyvainDatasink(derived_uri, split="valid", commit=False)
+    read_dataset(source_uri, "valid").write_datasink(valid)
+    assert valid.summary is not None and valid.summary.manifest is None
+    with pytest.raises(FileNotFoundError):
+        get_object(derived_uri)
+    hard = SyvainDatasink(derived_uri, split="train", curriculum_stage="hard")
+    read_dataset(source_uri, "train", curriculum_stage="hard").write_datasink(hard)
+    assert hard.summary is not None and hard.summary.manifest is not None
+    manifest = hard.summary.manifest
+    assert {name: entry.records for name, entry in manifest.splits.items()} == {
+        "valid": 7,
+        "train": 2 * RECORDS_PER_SHARD,
+    }
+    assert list(manifest.splits["train"].curriculum) == ["hard"]
+
+
 def test_leftover_shards_of_another_run_fail_the_commit(ray_cluster, tmp_path):
     source_uri = f"file://{tmp_path}/source/data-manifest.json"
     derived_uri = f"file://{tmp_path}/derived/data-manifest.json"
