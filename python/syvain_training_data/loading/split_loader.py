@@ -23,7 +23,7 @@ except ModuleNotFoundError as error:  # pragma: no cover - exercised without the
 
 from syvain_training_data.loading import plan
 from syvain_training_data.loading.dataloader import SyvainDataLoader, endless
-from syvain_training_data.loading.dataset import ShardDataset, stream_tables
+from syvain_training_data.loading.dataset import ShardDataset, ShardTable, stream_tables
 from syvain_training_data.manifest import DataManifest, ManifestShard
 from syvain_training_data.storage import StorageConfig
 from syvain_training_data.uris import check_shard_scheme
@@ -189,6 +189,72 @@ class SplitDataLoader:
             weights.append(float(weight))
         return weights
 
+    def _plan(
+        self,
+        split: str,
+        curriculum_stage: str | None,
+        curriculum_stages: Sequence[str] | None,
+        *,
+        rank: int | None,
+        world_size: int | None,
+        equal_batches: bool,
+        seed: int | None,
+        shuffle_buffer: int | None,
+        mixing_weights: Mapping[str, float] | str | None,
+        mixing_stop: str,
+    ) -> tuple[plan.Selection, ShardTable, tuple[tuple[int, ...], ...], int, int, dict[str, Any]]:
+        """(selection, shard table, per stream its shards, rank, world_size, DataLoader
+        arguments) of a ``load`` call; raises its ValueErrors."""
+        if (
+            mixing_weights is not None
+            and curriculum_stages is None
+            and curriculum_stage is None
+            and isinstance(mixing_weights, Mapping)
+        ):
+            curriculum_stages = list(mixing_weights)
+        shards, groups, stages = self._select(split, curriculum_stage, curriculum_stages)
+        if self.manifest_uri is not None:
+            for shard in shards:
+                check_shard_scheme(
+                    self.manifest_uri, shard.uri, allow_mixed_schemes=self.allow_mixed_schemes
+                )
+        weights = None
+        if mixing_weights is not None:
+            if curriculum_stages is None:
+                raise ValueError("mixing_weights needs curriculum_stages (the stages to mix)")
+            if mixing_stop not in plan.MIX_STOPS:
+                raise ValueError(f"mixing_stop must be one of {', '.join(plan.MIX_STOPS)}")
+            weights = tuple(self._mixing_weights(split, stages, mixing_weights))
+        else:
+            groups = [list(range(len(shards)))]
+        rank, world_size = _resolve_ranks(rank, world_size)
+        if seed is not None:
+            seed = _check_index(seed, "seed")
+        window = plan.DEFAULT_WINDOW if shuffle_buffer is None else shuffle_buffer
+        window = _check_index(window, "shuffle_buffer")
+        if window < 0:
+            raise ValueError(f"shuffle_buffer must not be negative, got {window}")
+        table, stream_shards, counts = stream_tables(shards, groups)
+        selection = plan.Selection(
+            streams=counts,
+            weights=weights,
+            mix_stop=mixing_stop,
+            seed=seed,
+            window=window if seed is not None else 0,
+            equal_batches=equal_batches,
+            identity=table.identity(),
+        )
+        args = dict(self.dataloader_args)
+        # A worker beyond a rank's records would only idle.
+        workers = min(args.get("num_workers", 0), sum(table.records) // world_size)
+        args["num_workers"] = workers
+        if workers == 0:
+            for name in _WORKER_ONLY_ARGS:
+                args.pop(name, None)
+            if args.get("timeout", 0) > 0:
+                args.pop("timeout")
+        return selection, table, stream_shards, rank, world_size, args
+
     def load(
         self,
         split: str,
@@ -243,56 +309,20 @@ class SplitDataLoader:
                 epoch yields none.
         """
         del stateful  # every loader is stateful
-        if (
-            mixing_weights is not None
-            and curriculum_stages is None
-            and curriculum_stage is None
-            and isinstance(mixing_weights, Mapping)
-        ):
-            curriculum_stages = list(mixing_weights)
-        shards, groups, stages = self._select(split, curriculum_stage, curriculum_stages)
-        if self.manifest_uri is not None:
-            for shard in shards:
-                check_shard_scheme(
-                    self.manifest_uri, shard.uri, allow_mixed_schemes=self.allow_mixed_schemes
-                )
-        weights = None
-        if mixing_weights is not None:
-            if curriculum_stages is None:
-                raise ValueError("mixing_weights needs curriculum_stages (the stages to mix)")
-            if mixing_stop not in plan.MIX_STOPS:
-                raise ValueError(f"mixing_stop must be one of {', '.join(plan.MIX_STOPS)}")
-            weights = tuple(self._mixing_weights(split, stages, mixing_weights))
-        else:
-            groups = [list(range(len(shards)))]
-        rank, world_size = _resolve_ranks(rank, world_size)
-        if seed is not None:
-            seed = _check_index(seed, "seed")
-        window = plan.DEFAULT_WINDOW if shuffle_buffer is None else shuffle_buffer
-        window = _check_index(window, "shuffle_buffer")
-        if window < 0:
-            raise ValueError(f"shuffle_buffer must not be negative, got {window}")
-        args = dict(self.dataloader_args)
+        selection, table, stream_shards, rank, world_size, args = self._plan(
+            split,
+            curriculum_stage,
+            curriculum_stages,
+            rank=rank,
+            world_size=world_size,
+            equal_batches=equal_batches,
+            seed=seed,
+            shuffle_buffer=shuffle_buffer,
+            mixing_weights=mixing_weights,
+            mixing_stop=mixing_stop,
+        )
         batch_size = args.get("batch_size", 1)
         drop_last = bool(args.get("drop_last", False)) and batch_size is not None
-        table, stream_shards, counts = stream_tables(shards, groups)
-        selection = plan.Selection(
-            streams=counts,
-            weights=weights,
-            mix_stop=mixing_stop,
-            seed=seed,
-            window=window if seed is not None else 0,
-            equal_batches=equal_batches,
-            identity=table.identity(),
-        )
-        # A worker beyond a rank's records would only idle.
-        workers = min(args.get("num_workers", 0), sum(table.records) // world_size)
-        args["num_workers"] = workers
-        if workers == 0:
-            for name in _WORKER_ONLY_ARGS:
-                args.pop(name, None)
-            if args.get("timeout", 0) > 0:
-                args.pop("timeout")
         dataset = ShardDataset(
             self.manifest.data_format,
             table,
@@ -305,6 +335,87 @@ class SplitDataLoader:
             drop_last=drop_last,
         )
         loader = SyvainDataLoader(dataset, collate_fn=self.collate_fn, **args)
+        if infinite_iter:
+            return endless(loader, split)
+        return loader
+
+    def load_tokens(
+        self,
+        split: str,
+        curriculum_stage: str | None = None,
+        infinite_iter: bool = False,
+        *,
+        seq_len: int,
+        column: str = "tokens",
+        eos_id: int | None = None,
+        curriculum_stages: Sequence[str] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        seed: int | None = None,
+        shuffle_buffer: int | None = None,
+        stateful: bool = False,
+        mixing_weights: Mapping[str, float] | str | None = None,
+        mixing_stop: str = "first_exhausted",
+    ) -> Any:
+        """Packed token blocks: a DataLoader of int64 tensors of shape (batch_size, seq_len)
+        (with ``infinite_iter``, an endless iterator of them). ``collate_fn`` is not used.
+
+        Records are selected, ordered and split across ranks and workers as by :meth:`load`
+        (same arguments). Each consumer concatenates its records' ``column`` (a list of int
+        token ids), with ``eos_id`` after each record when given, in epoch order, and cuts it
+        into blocks of ``seq_len`` tokens; ``batch_size`` blocks (from ``dataloader_args``)
+        make a batch, the last smaller one dropped with ``drop_last``. Within an epoch no token
+        is yielded twice; fewer than ``seq_len`` tokens per consumer are left out.
+
+        ``state_dict()`` holds each worker's position (records consumed, token offset in the
+        next), never tokens, and resumes exactly like :meth:`load`'s on any number of ranks,
+        workers and any batch size or ``seq_len``; a record cut by a block resumes at its token
+        offset. Ranks that form a torch.distributed group gather their positions in
+        ``state_dict()`` (call it on every rank); otherwise merge each rank's state with
+        :func:`~syvain_training_data.loading.tokens.merge_token_states`.
+
+        Raises:
+            ValueError: the errors of :meth:`load`; ``seq_len`` not a positive int; a record
+                without ``column`` or whose ``column`` is not a list of ints (when read).
+        """
+        del stateful  # every loader is stateful
+        from syvain_training_data.loading.tokens import TokenDataLoader, TokenDataset
+
+        seq_len = _check_index(seq_len, "seq_len")
+        if seq_len < 1:
+            raise ValueError(f"seq_len must be at least 1, got {seq_len}")
+        if eos_id is not None:
+            eos_id = _check_index(eos_id, "eos_id")
+        selection, table, stream_shards, rank, world_size, args = self._plan(
+            split,
+            curriculum_stage,
+            curriculum_stages,
+            rank=rank,
+            world_size=world_size,
+            equal_batches=False,
+            seed=seed,
+            shuffle_buffer=shuffle_buffer,
+            mixing_weights=mixing_weights,
+            mixing_stop=mixing_stop,
+        )
+        batch_size = args.pop("batch_size", 1)
+        batch_size = 1 if batch_size is None else _check_index(batch_size, "batch_size")
+        drop_last = bool(args.pop("drop_last", False))
+        dataset = TokenDataset(
+            self.manifest.data_format,
+            table,
+            selection,
+            stream_shards,
+            storage_config=self.storage_config,
+            rank=rank,
+            world_size=world_size,
+            batch_size=batch_size,
+            drop_last=drop_last,
+            column=column,
+            seq_len=seq_len,
+            eos_id=eos_id,
+        )
+        loader = TokenDataLoader(dataset, **args)
         if infinite_iter:
             return endless(loader, split)
         return loader
