@@ -13,6 +13,8 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -342,3 +344,115 @@ def test_token_layout_cuts_carry_through_a_chain():
             plan.Topology(2, 1, 1, False), (((0, 3),), ((0, 0),)), (0, 0), (False, False)
         )
         plan.token_layout(10, [stop, bad], one)
+
+
+# --- the token plan alone, over random data and topologies (no I/O) ------------------------
+
+def simulate_consumer(lengths, part, cuts, seq_len, batch, drop_last, first_id):
+    """What TokenDataset yields for one consumer: (tokens per batch, position after it)."""
+    packer = TokenPacker(seq_len, batch)
+    out = []
+    positions = [p for start, stop in part for p in range(start, stop)]
+    for index, position in enumerate(positions):
+        tokens = torch.arange(first_id[position], first_id[position] + lengths[position])
+        start = cuts.get(position, 0)
+        for b, whole, offset in packer.add(index, start, tokens[start:]):
+            out.append((b.flatten().tolist(), (whole, offset)))
+    for b, whole, offset in packer.finish(drop_last):
+        out.append((b.flatten().tolist(), (whole, offset)))
+    return out
+
+
+def simulate_run(lengths, interrupts, topology, seq_len, taken_per_rank):
+    """One run: every rank takes ``taken_per_rank`` batches (None: all) in torch's in-order
+    round robin. Returns (tokens received, the interrupt, streams per rank)."""
+    first_id = [0]
+    for n in lengths:
+        first_id.append(first_id[-1] + n)
+    layout, cuts = plan.token_layout(len(lengths), interrupts, topology)
+    tokens, positions, turns, finished, streams = [], [], [], [], []
+    for rank in range(topology.world_size):
+        outs = [
+            simulate_consumer(
+                lengths,
+                layout[rank][w],
+                cuts,
+                seq_len,
+                topology.batch_size,
+                topology.drop_last,
+                first_id,
+            )
+            for w in range(topology.workers)
+        ]
+        counts = [len(o) for o in outs]
+        limit = sum(counts) if taken_per_rank is None else min(taken_per_rank, sum(counts))
+        taken = [0] * topology.workers
+        turn, stream, w = 0, [], 0
+        while len(stream) < limit:
+            if taken[w] < counts[w]:
+                stream.append(outs[w][taken[w]][0])
+                taken[w] += 1
+                turn = (w + 1) % topology.workers
+            w = (w + 1) % topology.workers
+        tokens += [t for b in stream for t in b]
+        positions.append(
+            tuple(outs[w][taken[w] - 1][1] if taken[w] else (0, 0) for w in range(topology.workers))
+        )
+        turns.append(turn)
+        finished.append(limit == sum(counts))
+        streams.append(stream)
+    interrupt = plan.TokenInterrupt(topology, tuple(positions), tuple(turns), tuple(finished))
+    return tokens, interrupt, streams
+
+
+token_topology = st.builds(
+    plan.Topology,
+    world_size=st.integers(1, 6),
+    workers=st.integers(1, 4),
+    batch_size=st.integers(1, 4),
+    drop_last=st.booleans(),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 30), min_size=1, max_size=40),
+    runs=st.lists(st.tuples(token_topology, st.integers(0, 6)), min_size=1, max_size=3),
+    last=token_topology,
+    seq_len=st.integers(1, 12),
+    repeat=st.booleans(),
+)
+def test_token_chains_yield_each_token_once(lengths, runs, last, seq_len, repeat):
+    if repeat:
+        last = runs[-1][0]
+    interrupts: list[plan.TokenInterrupt] = []
+    received: list[int] = []
+    consumers = 0
+    for topology, taken in runs:
+        tokens, interrupt, _ = simulate_run(lengths, interrupts, topology, seq_len, taken)
+        received += tokens
+        interrupts.append(interrupt)
+    tokens, _, _ = simulate_run(lengths, interrupts, last, seq_len, None)
+    received += tokens
+    consumers = sum(t.world_size * t.workers for t, _ in runs) + last.world_size * last.workers
+    counts = Counter(received)
+    assert not counts or max(counts.values()) == 1
+    # Each consumer of each run leaves out fewer than seq_len tokens, or a smaller last batch
+    # with drop_last (fewer than batch_size blocks).
+    slack = max(t.batch_size for t, _ in [*runs, (last, 0)]) * seq_len
+    assert sum(lengths) - len(counts) <= consumers * slack
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 30), min_size=1, max_size=40),
+    topology=token_topology,
+    seq_len=st.integers(1, 12),
+    taken=st.integers(0, 8),
+)
+def test_same_topology_token_resume_is_the_uninterrupted_stream(lengths, topology, seq_len, taken):
+    _, _, whole = simulate_run(lengths, [], topology, seq_len, None)
+    _, interrupt, head = simulate_run(lengths, [], topology, seq_len, taken)
+    _, _, tail = simulate_run(lengths, [interrupt], topology, seq_len, None)
+    for rank in range(topology.world_size):
+        assert head[rank] + tail[rank] == whole[rank]
