@@ -348,6 +348,7 @@ def test_token_layout_cuts_carry_through_a_chain():
 
 # --- the token plan alone, over random data and topologies (no I/O) ------------------------
 
+
 def simulate_consumer(lengths, part, cuts, seq_len, batch, drop_last, first_id):
     """What TokenDataset yields for one consumer: (tokens per batch, position after it)."""
     packer = TokenPacker(seq_len, batch)
@@ -456,3 +457,46 @@ def test_same_topology_token_resume_is_the_uninterrupted_stream(lengths, topolog
     _, _, tail = simulate_run(lengths, [interrupt], topology, seq_len, None)
     for rank in range(topology.world_size):
         assert head[rank] + tail[rank] == whole[rank]
+
+
+# --- tensor batches: load(columns=...) ----------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_columns_become_tensor_batches(tmp_path, workers):
+    client = SyvainTrainingData()
+    uri = f"file://{tmp_path}/m.json"
+    saver = client.dataset_saver(uri, data_format="jsonl.gz")
+    records = [
+        {"tokens": list(range(i % 5)), "label": i, "score": i / 2, "ok": i % 2 == 0, "text": str(i)}
+        for i in range(30)
+    ]
+    saver.save("train", None, records)
+    saver.commit_manifest()
+    args = {"batch_size": 4, "num_workers": workers}
+    loader = client.split_data_loader(uri, None, args)
+    batches = list(
+        loader.load("train", columns=["tokens", "label", "score", "ok", "text"], pad_value=-1)
+    )
+    assert len(batches) == 8
+    labels = []
+    for batch in batches:
+        assert set(batch) == {"tokens", "tokens_lengths", "label", "score", "ok", "text"}
+        assert batch["label"].dtype == torch.int64 and batch["score"].dtype == torch.float32
+        assert batch["ok"].dtype == torch.bool and isinstance(batch["text"], list)
+        for row, length, label in zip(
+            batch["tokens"].tolist(),
+            batch["tokens_lengths"].tolist(),
+            batch["label"].tolist(),
+            strict=True,
+        ):
+            assert row[:length] == list(range(label % 5))
+            assert set(row[length:]) <= {-1}
+        labels += batch["label"].tolist()
+    assert sorted(labels) == list(range(30))
+    with pytest.raises(ValueError, match="Pass collate_fn=None"):
+        client.split_data_loader(uri, list, {}).load("train", columns=["label"])
+    with pytest.raises(ValueError, match="no column 'missing'"):
+        list(loader.load("train", columns=["missing"]))
+    with pytest.raises(ValueError, match="would collide"):
+        loader.load("train", columns=["tokens", "tokens_lengths"])

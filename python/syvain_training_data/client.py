@@ -130,13 +130,15 @@ class SyvainTrainingData:
     def split_data_loader(
         self,
         manifest_uri: str,
-        collate_fn: Callable[[list[Any]], Any],
+        collate_fn: Callable[[list[Any]], Any] | None,
         dataloader_args: Mapping[str, Any] | None = None,
         *,
         allow_mixed_schemes: bool = False,
     ) -> SplitDataLoader:
         """A :class:`~syvain_training_data.SplitDataLoader` over the manifest at
         ``manifest_uri``, read once, now (SPEC section 6). Needs the ``torch`` extra.
+        ``collate_fn`` may be None for ``load_tokens``, ``load(columns=...)`` or torch's
+        default collation.
 
         An ``s3://`` manifest may name only ``s3://`` shards and a ``file://`` manifest only
         ``file://`` shards (SPEC section 4); pass ``allow_mixed_schemes=True`` for a manifest you

@@ -24,6 +24,7 @@ except ModuleNotFoundError as error:  # pragma: no cover - exercised without the
 from syvain_training_data.loading import plan
 from syvain_training_data.loading.dataloader import SyvainDataLoader, endless
 from syvain_training_data.loading.dataset import ShardDataset, ShardTable, stream_tables
+from syvain_training_data.loading.tensors import TensorCollate
 from syvain_training_data.manifest import DataManifest, ManifestShard
 from syvain_training_data.storage import StorageConfig
 from syvain_training_data.uris import check_shard_scheme
@@ -67,7 +68,7 @@ class SplitDataLoader:
     def __init__(
         self,
         manifest: DataManifest,
-        collate_fn: Callable[[list[Any]], Any],
+        collate_fn: Callable[[list[Any]], Any] | None,
         dataloader_args: Mapping[str, Any] | None = None,
         *,
         storage_config: StorageConfig | None = None,
@@ -270,6 +271,8 @@ class SplitDataLoader:
         stateful: bool = False,
         mixing_weights: Mapping[str, float] | str | None = None,
         mixing_stop: str = "first_exhausted",
+        columns: Sequence[str] | None = None,
+        pad_value: int | float = 0,
     ) -> Any:
         """A DataLoader over ``split`` (or one stage, or a union of stages kept in stage order
         without repeated shard URIs); with ``infinite_iter``, an endless iterator of batches.
@@ -296,6 +299,10 @@ class SplitDataLoader:
           mixing_stop: "first_exhausted" (default): the epoch ends where the first stage runs
             out, so the proportions hold throughout; "all_exhausted": exhausted stages leave
             the mix and every record is read once per epoch.
+          columns: batches of tensors instead of ``collate_fn``'s: a dict of the chosen
+            columns, built in the worker (numbers -> (B,), lists of numbers -> (B, longest)
+            padded with ``pad_value`` plus ``{column}_lengths``; strings stay lists). The
+            loader's ``collate_fn`` must then be None.
           stateful: kept for compatibility; every loader this returns has ``state_dict()`` /
             ``load_state_dict()`` (torchdata's protocol), resuming exactly on any number of
             ranks, workers and any batch size.
@@ -334,7 +341,12 @@ class SplitDataLoader:
             batch_size=1 if batch_size is None else batch_size,
             drop_last=drop_last,
         )
-        loader = SyvainDataLoader(dataset, collate_fn=self.collate_fn, **args)
+        collate_fn = self.collate_fn
+        if columns is not None:
+            if collate_fn is not None:
+                raise ValueError("Pass collate_fn=None to split_data_loader to load columns")
+            collate_fn = TensorCollate(columns, pad_value)
+        loader = SyvainDataLoader(dataset, collate_fn=collate_fn, **args)
         if infinite_iter:
             return endless(loader, split)
         return loader
