@@ -19,8 +19,8 @@ from syvain_training_data.storage import StorageConfig, get_object, native_stora
 if TYPE_CHECKING:
     from syvain_training_data.loading.split_loader import SplitDataLoader
     from syvain_training_data.manifest import DataManifestDataFormat
+    from syvain_training_data.publish import DatasetSaver
     from syvain_training_data.representation import RepresentationExample
-    from syvain_training_data.saver import DatasetSaver
 
 __all__ = ["SyvainTrainingData"]
 
@@ -116,12 +116,12 @@ class SyvainTrainingData:
     def dataset_saver(
         self, manifest_uri: str, *, data_format: DataManifestDataFormat = "jsonl.gz"
     ) -> DatasetSaver:
-        """A :class:`~syvain_training_data.saver.DatasetSaver` publishing the dataset whose
+        """A :class:`~syvain_training_data.publish.DatasetSaver` publishing the dataset whose
         manifest goes to ``manifest_uri`` (SPEC section 5). Picklable: hand it to workers.
 
         Raises ValueError for a prefix (ending in "/") or invalid URI, or an unknown format.
         """
-        from syvain_training_data.saver import DatasetSaver
+        from syvain_training_data.publish import DatasetSaver
 
         return DatasetSaver(
             manifest_uri, data_format=data_format, storage_config=self._storage_config

@@ -39,10 +39,10 @@ def iter_shard(
     shard that is not read to its end.
 
     The bytes received are checked against ``shard.size_bytes`` and, at the end, the number of
-    records against ``shard.records``. Errors: RuntimeError "Unreadable {format} shard {uri}:
-    {reason}" for bad data or counts; FileNotFoundError, PermissionError, ObjectChangedError and
-    StorageRetryExhaustedError from the store; ValueError for an unknown format or an invalid
-    range.
+    records against ``shard.records``. Errors: ShardDataError (a RuntimeError) "Unreadable
+    {format} shard {uri}: {reason}" for bad data or counts; FileNotFoundError,
+    PermissionError, ObjectChangedError and StorageRetryExhaustedError from the store;
+    ValueError for an unknown format or an invalid range.
     """
     if data_format not in DATA_FORMATS:
         raise ValueError(

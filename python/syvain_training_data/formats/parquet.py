@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Final
 
 from syvain_training_data import _native, storage
-from syvain_training_data.errors import ObjectChangedError
+from syvain_training_data.errors import ObjectChangedError, ObjectDataError, ShardDataError
 from syvain_training_data.manifest import ManifestShard
 from syvain_training_data.storage import StorageConfig
 from syvain_training_data.uris import FILE_PREFIX, file_path, portable_etag
@@ -426,10 +426,10 @@ def iter_parquet_shard(
 
     Raises:
         ValueError: at once, unless ``0 <= start <= stop <= shard.records``.
-        RuntimeError: "Unreadable parquet shard {uri}: {reason}" when the bytes disagree with
-            ``shard.size_bytes``, the file is not readable Parquet (chained to pyarrow's error),
-            or the row count is wrong ("declared N records but yielded M", "declared N
-            records but found more").
+        ShardDataError (a RuntimeError): "Unreadable parquet shard {uri}: {reason}" when
+            the bytes disagree with ``shard.size_bytes``, the file is not readable Parquet
+            (chained to pyarrow's error), or the row count is wrong ("declared N records but
+            yielded M", "declared N records but found more").
         OSError: a file:// shard that is not a regular file (a FIFO, a device, a directory),
             naming it, before it is read; not enough free space in the temporary directory to
             download an s3:// shard (ENOSPC, naming the shard, its size and the directory).
@@ -479,8 +479,8 @@ def _iter_rows(
             raise _unreadable(shard.uri, f"declared {shard.records} records but yielded {position}")
 
 
-def _unreadable(uri: str, reason: object) -> RuntimeError:
-    return RuntimeError(f"Unreadable parquet shard {uri}: {reason}")
+def _unreadable(uri: str, reason: object) -> ShardDataError:
+    return ShardDataError.of("parquet", uri, reason)
 
 
 def _check_local(
@@ -567,13 +567,10 @@ def _download(shard: ManifestShard, storage_config: StorageConfig | None) -> IO[
             ) as stream:
                 for chunk in stream:
                     file.write(chunk)
-        except RuntimeError as error:
-            # The stream's own data errors ("{uri}: size mismatch ...") are this shard's;
-            # store failures (retry budget, changed object, ...) keep their types.
-            prefix = f"{shard.uri}: "
-            if type(error) is RuntimeError and str(error).startswith(prefix):
-                raise _unreadable(shard.uri, str(error)[len(prefix) :]) from error
-            raise
+        except ObjectDataError as error:
+            # The stream's own data errors (size mismatch) are this shard's; store failures
+            # (retry budget, changed object, ...) keep their types.
+            raise _unreadable(shard.uri, error.reason) from error
         file.flush()
         file.seek(0)
     except BaseException:
