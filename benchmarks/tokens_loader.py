@@ -8,8 +8,8 @@ the local directory store. Cases, each at 0 and 2 DataLoader workers (fork), bes
   tensor (``torch.tensor``) - the record path.
 - ``load_tokens``: packed (batch, seq_len) int64 blocks.
 - ``columns``: ``load(columns=["tokens"])``, padded tensors built in the worker.
-- ``floor``: when the native module has ``_decode_only`` (the columnar branch's benchmark
-  helper), the same shards decompressed and parsed in Rust with nothing handed to Python.
+- ``floor``: the same shards (already in memory) decompressed and parsed in Rust with nothing
+  handed to Python (``_native._decode_only``, a benchmark-only helper).
 - ``litdata``: with --peer-python (a Python with litdata, e.g. scripts/peer_env.sh), the same
   tokens optimized for litdata (untimed) and read with its ``TokensLoader`` blocks of seq_len.
 
@@ -91,24 +91,20 @@ def ours(uri: str, workers: int, repeat: int) -> dict[str, tuple[float, int]]:
     }
 
 
-def floor(uri: str, repeat: int) -> tuple[float, int] | None:
+def floor(uri: str, total_tokens: int, repeat: int) -> tuple[float, int] | None:
+    """The same shards' bytes decompressed and parsed in Rust, nothing built for Python."""
     from syvain_training_data import _native
 
-    decode_only = getattr(_native, "_decode_only", None)
-    if decode_only is None:
-        return None
     client = SyvainTrainingData()
-    manifest = client.load_manifest(uri)
-    shards = manifest.splits["train"].shards
-    best, tokens = 0.0, 0
+    shards = client.load_manifest(uri).splits["train"].shards
+    data = [Path(shard.uri.removeprefix("file://")).read_bytes() for shard in shards]
+    best = 0.0
     for _ in range(repeat):
         start = time.perf_counter()
-        tokens = 0
-        for shard in shards:
-            path = shard.uri.removeprefix("file://")
-            tokens += decode_only("msgpack.zstf", Path(path).read_bytes(), "tokens")
-        best = max(best, tokens / (time.perf_counter() - start))
-    return best, tokens
+        records = sum(_native._decode_only("msgpack.zstf", blob) for blob in data)
+        best = max(best, total_tokens / (time.perf_counter() - start))
+    assert records == sum(shard.records for shard in shards)
+    return best, total_tokens
 
 
 PEER_SCRIPT = textwrap.dedent(
@@ -180,7 +176,7 @@ def main() -> None:
     summary: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as root:
         uri = write_dataset(root, docs)
-        found = floor(uri, options.repeat)
+        found = floor(uri, total, options.repeat)
         if found is not None:
             summary["floor"] = found[0]
             print(

@@ -215,20 +215,20 @@ def test_state_errors(local_sets):
         loader.load_tokens("train", seq_len=0)
 
 
-def test_record_without_token_column_names_it(tmp_path):
+def test_records_without_int_token_lists_name_the_shard(tmp_path):
     client = SyvainTrainingData()
     uri = f"file://{tmp_path}/m.json"
     saver = client.dataset_saver(uri, data_format="msgpack.zstf")
     saver.save("train", None, [{"tokens": [1, 2]}, {"text": "no tokens"}])
     saver.commit_manifest()
     loader = client.split_data_loader(uri, None, {"batch_size": 1})
-    with pytest.raises(ValueError, match="Record 1 of the epoch has no token column 'tokens'"):
+    with pytest.raises(ValueError, match="token column 'tokens' of shard .* is not a list of int"):
         list(loader.load_tokens("train", seq_len=2))
     saver = client.dataset_saver(f"file://{tmp_path}/n.json", data_format="msgpack.zstf")
     saver.save("train", None, [{"tokens": ["a", "b"]}])
     saver.commit_manifest()
     loader = client.split_data_loader(f"file://{tmp_path}/n.json", None, {})
-    with pytest.raises(ValueError, match="is not a list of token ids"):
+    with pytest.raises(ValueError, match="is not a list of int token ids in every record"):
         list(loader.load_tokens("train", seq_len=2))
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from seaweed import config_for
 from syvain_training_data import (
     DatasetSaver,
     ManifestShard,
@@ -30,15 +31,6 @@ from syvain_training_data.shard import iter_shard
 from syvain_training_data.storage import StorageConfig
 
 FORMATS = ["jsonl.gz", "msgpack.zstf"]
-
-
-def config_for(server) -> StorageConfig:
-    return StorageConfig.create(
-        s3_base_url=server.endpoint,
-        region=server.region,
-        access_key_id=server.access_key_id,
-        secret_access_key=server.secret_access_key,
-    )
 
 
 @pytest.fixture(params=["s3", "file"])

@@ -15,16 +15,20 @@ each worker, and ``state_dict`` holds those positions (never tokens).
 from __future__ import annotations
 
 import hashlib
+import itertools
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
+from syvain_training_data._native import ShardBatch
 from syvain_training_data.loading import plan
 from syvain_training_data.loading.dataloader import MAX_INTERRUPTS, STATE_VERSION
 from syvain_training_data.loading.dataset import ShardDataset
-from syvain_training_data.loading.reader import consumer_records
+from syvain_training_data.loading.reader import ShardRange, consumer_records
+from syvain_training_data.shard import iter_shard_batches
 
 __all__ = ["TokenDataLoader", "TokenDataset", "TokenPacker", "merge_token_states"]
 
@@ -42,15 +46,17 @@ class TokenPacker:
     def __init__(self, seq_len: int, batch_size: int) -> None:
         self.seq_len = seq_len
         self.batch_tokens = seq_len * batch_size
-        self._segments: list[tuple[int, int, torch.Tensor]] = []
+        self._segments: list[tuple[int, int, torch.Tensor, bool]] = []
         self._held = 0
 
     def add(
-        self, record: int, offset: int, tokens: torch.Tensor
+        self, record: int, offset: int, tokens: torch.Tensor, *, ends_record: bool = True
     ) -> Iterator[tuple[torch.Tensor, int, int]]:
+        """Adds the tokens of ``record`` from token ``offset`` on; ``ends_record`` says whether
+        they run to the record's end (an ``eos_id`` may follow as a segment of its own)."""
         if len(tokens) == 0:
             return
-        self._segments.append((record, offset, tokens))
+        self._segments.append((record, offset, tokens, ends_record))
         self._held += len(tokens)
         while self._held >= self.batch_tokens:
             yield self._take(self.batch_tokens)
@@ -66,17 +72,17 @@ class TokenPacker:
         pieces = []
         left = count
         while True:
-            record, offset, tokens = self._segments[0]
+            record, offset, tokens, ends_record = self._segments[0]
             if len(tokens) > left:
                 pieces.append(tokens[:left])
-                self._segments[0] = (record, offset + left, tokens[left:])
+                self._segments[0] = (record, offset + left, tokens[left:], ends_record)
                 position = (record, offset + left)
                 break
             pieces.append(tokens)
             left -= len(tokens)
             self._segments.pop(0)
             if left == 0:
-                position = (record + 1, 0)
+                position = (record + 1, 0) if ends_record else (record, offset + len(tokens))
                 break
         self._held -= count
         batch = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
@@ -137,35 +143,79 @@ class TokenDataset(ShardDataset):
         )
         positions = (p for start, stop in part for p in range(start, stop))
         packer = TokenPacker(self.seq_len, self.batch_size)
-        for index, (position, record) in enumerate(zip(positions, records, strict=True)):
-            tokens = self._tokens(record, position)
+        eos = None if self.eos_id is None else torch.tensor([self.eos_id], dtype=torch.int64)
+        for index, (position, tokens) in enumerate(zip(positions, records, strict=True)):
             start = cuts.get(position, 0)
-            if start >= len(tokens) and start > 0:
+            length = len(tokens) + (eos is not None)
+            if start >= length and start > 0:
                 raise ValueError(
                     f"The loader state cuts record {position} of epoch {epoch} at token "
-                    f"{start}, but it holds {len(tokens)}: the data changed since"
+                    f"{start}, but it holds {length}: the data changed since"
                 )
-            for batch, whole, offset in packer.add(index, start, tokens[start:]):
+            pieces = packer.add(index, start, tokens[start:], ends_record=eos is None)
+            if eos is not None:
+                pieces = itertools.chain(pieces, packer.add(index, len(tokens), eos))
+            for batch, whole, offset in pieces:
                 yield batch, worker, whole, offset
         for batch, whole, offset in packer.finish(self.drop_last):
             yield batch, worker, whole, offset
 
-    def _tokens(self, record: Any, position: int) -> torch.Tensor:
+    def _open(self, shard_range: ShardRange) -> Iterator[torch.Tensor]:
+        """Each record's tokens of a shard range, as int64 tensors sliced from the columnar
+        batches (no Python object per token)."""
+        index, start, stop = shard_range
+        shard = self.table.shard(index)
+        batches = iter_shard_batches(
+            self.data_format,
+            shard,
+            columns=[self.column],
+            storage_config=self.storage_config,
+            start=start,
+            stop=stop,
+        )
+        for batch in batches:
+            offsets, values = self._int_lists(batch, shard.uri)
+            bounds = offsets.tolist()
+            for first, end in zip(bounds, bounds[1:], strict=False):
+                yield values[first:end]
+
+    def _int_lists(self, batch: Any, uri: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(offsets, int64 values) of the token column of a native or pyarrow batch."""
         try:
-            values = record[self.column]
-        except (KeyError, TypeError, IndexError):
+            if isinstance(batch, ShardBatch):
+                offsets, values = batch.int_list_buffers(self.column)
+                return _tensor(offsets, torch.int32), _tensor(values, torch.int64)
+            return _arrow_int_lists(batch.column(self.column))
+        except (KeyError, ValueError, TypeError) as error:
             raise ValueError(
-                f"Record {position} of the epoch has no token column {self.column!r}"
+                f"The token column {self.column!r} of shard {uri} is not a list of int token "
+                f"ids in every record ({error})"
             ) from None
-        if self.eos_id is not None:
-            values = [*values, self.eos_id]
-        try:
-            return torch.tensor(values, dtype=torch.int64)
-        except (TypeError, ValueError, RuntimeError, OverflowError) as error:
-            raise ValueError(
-                f"Record {position} of the epoch: column {self.column!r} is not a list of "
-                f"token ids ({error})"
-            ) from None
+
+
+def _tensor(buffer: Any, dtype: torch.dtype) -> torch.Tensor:
+    if len(buffer) == 0:
+        return torch.empty(0, dtype=dtype)
+    with warnings.catch_warnings():
+        # The buffer is read-only and so is the view: the packer copies what it yields.
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(buffer, dtype=dtype)
+
+
+def _arrow_int_lists(column: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pyarrow list-of-integers array (from a Parquet shard) as (offsets, int64 values)."""
+    import pyarrow as pa
+
+    if not pa.types.is_list(column.type) or column.null_count:
+        raise TypeError(f"{column.type} with {column.null_count} nulls")
+    values = column.values
+    if not (pa.types.is_integer(values.type) or pa.types.is_null(values.type)):
+        raise TypeError(str(column.type))
+    if values.null_count and not pa.types.is_null(values.type):
+        raise TypeError(f"{column.type} with null items")
+    offsets = torch.from_numpy(column.offsets.to_numpy().astype("int64"))
+    flat = values.cast(pa.int64()).to_numpy(zero_copy_only=False)
+    return offsets, torch.from_numpy(flat.astype("int64", copy=False))
 
 
 def _as_is(batch: Any) -> Any:
