@@ -114,28 +114,32 @@ PEER_SCRIPT = textwrap.dedent(
     import litdata
     from litdata.streaming.item_loader import TokensLoader
 
-    root, docs_file, repeat, workers, seq_len, batch = sys.argv[1:7]
-    repeat, workers, seq_len, batch = int(repeat), int(workers), int(seq_len), int(batch)
-    docs = json.load(open(docs_file))
+    def main():
+        root, docs_file, repeat, workers, seq_len, batch = sys.argv[1:7]
+        repeat, workers, seq_len, batch = int(repeat), int(workers), int(seq_len), int(batch)
+        docs = json.load(open(docs_file))
+        litdata.optimize(fn=convert, inputs=docs, output_dir=root + "/lit",
+                         chunk_size=(seq_len + 1) * 64, item_loader=TokensLoader(),
+                         num_workers=1)
+        best = 0.0
+        for _ in range(repeat):
+            blocks = TokensLoader(block_size=seq_len)
+            dataset = litdata.StreamingDataset(root + "/lit", item_loader=blocks)
+            fork = {"multiprocessing_context": "fork"} if workers else {}
+            loader = litdata.StreamingDataLoader(dataset, batch_size=batch, num_workers=workers,
+                                                 **fork)
+            start = time.perf_counter()
+            tokens = sum(b.numel() for b in loader)
+            best = max(best, tokens / (time.perf_counter() - start))
+        print(json.dumps({"rate": best, "tokens": tokens}))
 
 
-    def convert(index):
-        return torch.tensor(docs[index], dtype=torch.int64)
+    def convert(document):
+        return torch.tensor(document, dtype=torch.int64)
 
 
-    litdata.optimize(fn=convert, inputs=list(range(len(docs))), output_dir=root + "/lit",
-                     chunk_size=(seq_len + 1) * 64, item_loader=TokensLoader(),
-                     num_workers=1)
-    best = 0.0
-    for _ in range(repeat):
-        blocks = TokensLoader(block_size=seq_len)
-        dataset = litdata.StreamingDataset(root + "/lit", item_loader=blocks)
-        fork = {"multiprocessing_context": "fork"} if workers else {}
-        loader = litdata.StreamingDataLoader(dataset, batch_size=batch, num_workers=workers, **fork)
-        start = time.perf_counter()
-        tokens = sum(b.numel() for b in loader)
-        best = max(best, tokens / (time.perf_counter() - start))
-    print(json.dumps({"rate": best, "tokens": tokens}))
+    if __name__ == "__main__":  # litdata's optimize starts processes that import this file
+        main()
     """
 )
 

@@ -46,7 +46,8 @@ class TokenPacker:
     def __init__(self, seq_len: int, batch_size: int) -> None:
         self.seq_len = seq_len
         self.batch_tokens = seq_len * batch_size
-        self._segments: list[tuple[int, int, torch.Tensor, bool]] = []
+        # (record, offset, tokens, their count, whether they end the record)
+        self._segments: list[tuple[int, int, torch.Tensor, int, bool]] = []
         self._held = 0
 
     def add(
@@ -54,10 +55,11 @@ class TokenPacker:
     ) -> Iterator[tuple[torch.Tensor, int, int]]:
         """Adds the tokens of ``record`` from token ``offset`` on; ``ends_record`` says whether
         they run to the record's end (an ``eos_id`` may follow as a segment of its own)."""
-        if len(tokens) == 0:
+        count = tokens.shape[0]
+        if count == 0:
             return
-        self._segments.append((record, offset, tokens, ends_record))
-        self._held += len(tokens)
+        self._segments.append((record, offset, tokens, count, ends_record))
+        self._held += count
         while self._held >= self.batch_tokens:
             yield self._take(self.batch_tokens)
 
@@ -72,22 +74,23 @@ class TokenPacker:
         pieces = []
         left = count
         while True:
-            record, offset, tokens, ends_record = self._segments[0]
-            if len(tokens) > left:
+            record, offset, tokens, length, ends_record = self._segments[0]
+            if length > left:
                 pieces.append(tokens[:left])
-                self._segments[0] = (record, offset + left, tokens[left:], ends_record)
+                rest = (record, offset + left, tokens[left:], length - left, ends_record)
+                self._segments[0] = rest
                 position = (record, offset + left)
                 break
             pieces.append(tokens)
-            left -= len(tokens)
+            left -= length
             self._segments.pop(0)
             if left == 0:
-                position = (record + 1, 0) if ends_record else (record, offset + len(tokens))
+                position = (record + 1, 0) if ends_record else (record, offset + length)
                 break
         self._held -= count
-        batch = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-        # Its own storage: a view would pin (and send to the main process) a whole record.
-        return batch.clone().view(-1, self.seq_len), *position
+        batch = torch.cat(pieces) if len(pieces) > 1 else pieces[0].clone()
+        # Its own storage (cat copies): a view would pin, and send, a whole decoded batch.
+        return batch.view(-1, self.seq_len), *position
 
 
 class TokenDataset(ShardDataset):
@@ -144,25 +147,27 @@ class TokenDataset(ShardDataset):
         positions = (p for start, stop in part for p in range(start, stop))
         packer = TokenPacker(self.seq_len, self.batch_size)
         eos = None if self.eos_id is None else torch.tensor([self.eos_id], dtype=torch.int64)
-        for index, (position, tokens) in enumerate(zip(positions, records, strict=True)):
+        for index, (position, (tokens, count)) in enumerate(zip(positions, records, strict=True)):
             start = cuts.get(position, 0)
-            length = len(tokens) + (eos is not None)
+            length = count + (eos is not None)
             if start >= length and start > 0:
                 raise ValueError(
                     f"The loader state cuts record {position} of epoch {epoch} at token "
                     f"{start}, but it holds {length}: the data changed since"
                 )
-            pieces = packer.add(index, start, tokens[start:], ends_record=eos is None)
+            if start:
+                tokens = tokens[start:]
+            pieces = packer.add(index, start, tokens, ends_record=eos is None)
             if eos is not None:
-                pieces = itertools.chain(pieces, packer.add(index, len(tokens), eos))
+                pieces = itertools.chain(pieces, packer.add(index, count, eos))
             for batch, whole, offset in pieces:
                 yield batch, worker, whole, offset
         for batch, whole, offset in packer.finish(self.drop_last):
             yield batch, worker, whole, offset
 
-    def _open(self, shard_range: ShardRange) -> Iterator[torch.Tensor]:
-        """Each record's tokens of a shard range, as int64 tensors sliced from the columnar
-        batches (no Python object per token)."""
+    def _open(self, shard_range: ShardRange) -> Iterator[tuple[torch.Tensor, int]]:
+        """Each record's tokens of a shard range and their count, as int64 tensors sliced from
+        the columnar batches (no Python object per token)."""
         index, start, stop = shard_range
         shard = self.table.shard(index)
         batches = iter_shard_batches(
@@ -177,7 +182,7 @@ class TokenDataset(ShardDataset):
             offsets, values = self._int_lists(batch, shard.uri)
             bounds = offsets.tolist()
             for first, end in zip(bounds, bounds[1:], strict=False):
-                yield values[first:end]
+                yield values[first:end], end - first
 
     def _int_lists(self, batch: Any, uri: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(offsets, int64 values) of the token column of a native or pyarrow batch."""
