@@ -34,6 +34,7 @@ import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 DEFAULT_BUCKETS = ("syvain-test", "syvain-data")
 DEFAULT_REGION = "us-east-1"
@@ -509,3 +510,19 @@ def external_server_from_env(
     )
     server.ensure_buckets(buckets)
     return server
+
+
+def config_for(
+    server: SeaweedServer, endpoint: str | None = None, *, secret: str | None = None, **extra: Any
+) -> Any:
+    """A StorageConfig for ``server`` (or ``endpoint``, e.g. a fault proxy in front of it), with
+    its credentials; ``secret`` replaces the secret key, ``extra`` adds options."""
+    from syvain_training_data.storage import StorageConfig
+
+    return StorageConfig.create(
+        s3_base_url=endpoint or server.endpoint,
+        region=server.region,
+        access_key_id=server.access_key_id,
+        secret_access_key=secret or server.secret_access_key,
+        **extra,
+    )

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from fault_proxy import reset_after, short_body
+from seaweed import config_for
 from syvain_training_data import ManifestShard, _native, storage
 from syvain_training_data.shard import iter_shard
 from syvain_training_data.storage import StorageConfig
@@ -49,15 +50,6 @@ def text_records(count: int, seed: int = 1) -> list[dict[str, Any]]:
         }
         for index in range(count)
     ]
-
-
-def config_for(server, endpoint: str | None = None) -> StorageConfig:
-    return StorageConfig.create(
-        s3_base_url=endpoint or server.endpoint,
-        region=server.region,
-        access_key_id=server.access_key_id,
-        secret_access_key=server.secret_access_key,
-    )
 
 
 @pytest.fixture(params=["s3", "file"])

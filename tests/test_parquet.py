@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from seaweed import config_for
 from syvain_training_data import ManifestShard, ObjectChangedError, _native, storage
 from syvain_training_data.formats import parquet
 from syvain_training_data.formats.parquet import (
@@ -62,15 +63,6 @@ def text_records(count: int, seed: int = 1) -> list[dict[str, Any]]:
         }
         for index in range(count)
     ]
-
-
-def config_for(server) -> StorageConfig:
-    return StorageConfig.create(
-        s3_base_url=server.endpoint,
-        region=server.region,
-        access_key_id=server.access_key_id,
-        secret_access_key=server.secret_access_key,
-    )
 
 
 @pytest.fixture(params=["s3", "file"])

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from seaweed import config_for
 from syvain_training_data import (
     DatasetSaver,
     ManifestShard,
@@ -21,7 +22,7 @@ from syvain_training_data import (
     SyvainTrainingData,
     storage,
 )
-from syvain_training_data.saver import (
+from syvain_training_data.publish import (
     DESCRIPTOR_SCHEMA,
     encode_segment,
     size_limits,
@@ -30,15 +31,6 @@ from syvain_training_data.shard import iter_shard
 from syvain_training_data.storage import StorageConfig
 
 FORMATS = ["jsonl.gz", "msgpack.zstf"]
-
-
-def config_for(server) -> StorageConfig:
-    return StorageConfig.create(
-        s3_base_url=server.endpoint,
-        region=server.region,
-        access_key_id=server.access_key_id,
-        secret_access_key=server.secret_access_key,
-    )
 
 
 @pytest.fixture(params=["s3", "file"])
@@ -595,10 +587,10 @@ def test_same_uri_registered_with_other_content(store_root) -> None:
     root, config = store_root
     saver = make_saver(root, config)
     shard = saver.save("t", None, records(2), shard_id="a")
-    from syvain_training_data.saver import _Saved
+    from syvain_training_data.publish.builder import Saved
 
     with pytest.raises(PublicationConflictError, match="registered twice"):
-        saver._register(_Saved("t", None, None, shard.model_copy(update={"records": 3}), True))
+        saver._register(Saved("t", None, None, shard.model_copy(update={"records": 3}), True))
 
 
 # --- sizes: the 5 GiB rule, spooling, multipart ------------------------------------------------
@@ -634,7 +626,7 @@ def test_deterministic_single_put_formats_must_stay_under_the_limit(
 
 
 def test_message_names_5_gib() -> None:
-    from syvain_training_data.saver import _format_bytes
+    from syvain_training_data.publish.saver import _format_bytes
 
     assert _format_bytes(5 * 1024**3) == "5 GiB"
 

@@ -23,7 +23,8 @@ JOB = textwrap.dedent(
     """
     import json, os, random, signal, sys
 
-    from syvain_training_data import DatasetSaver, saver as saver_module
+    from syvain_training_data import DatasetSaver
+    from syvain_training_data.publish import saver as saver_module
     from syvain_training_data.storage import StorageConfig
 
     manifest_uri, config_json, kill_kind, kill_at, seed = sys.argv[1:6]

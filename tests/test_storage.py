@@ -26,6 +26,7 @@ from fault_proxy import (
     stall_after,
     status,
 )
+from seaweed import config_for
 from syvain_training_data import (
     ObjectChangedError,
     StorageRetryExhaustedError,
@@ -40,15 +41,6 @@ BIG_SIZE = 64 * MIB
 
 # Small backoff so that fault tests take seconds, not minutes; the attempt budget stays SPEC's.
 FAST_BACKOFF = {"backoff_base_s": 0.01, "backoff_cap_s": 0.05}
-
-
-def config_for(server, endpoint: str | None = None, secret: str | None = None) -> StorageConfig:
-    return StorageConfig.create(
-        s3_base_url=endpoint or server.endpoint,
-        region=server.region,
-        access_key_id=server.access_key_id,
-        secret_access_key=secret or server.secret_access_key,
-    )
 
 
 def sha256_of_stream(stream: storage.ObjectStream) -> tuple[str, int]:

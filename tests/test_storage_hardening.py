@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from fault_proxy import drop_response, stall_after
+from seaweed import config_for
 from syvain_training_data import _native, storage
 from syvain_training_data.storage import StorageConfig
 from syvain_training_data.testing import storage_policy
@@ -31,16 +32,6 @@ from syvain_training_data.testing import storage_policy
 MIB = 1024 * 1024
 # Far under the 15-minute retry window: anything that fails "at once" fails well inside this.
 FAIL_FAST_S = 10.0
-
-
-def config_for(server, endpoint: str | None = None, **extra: object) -> StorageConfig:
-    return StorageConfig.create(
-        s3_base_url=endpoint or server.endpoint,
-        region=server.region,
-        access_key_id=server.access_key_id,
-        secret_access_key=server.secret_access_key,
-        **extra,
-    )
 
 
 def outcome_within(

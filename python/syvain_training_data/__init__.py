@@ -5,8 +5,12 @@ from typing import TYPE_CHECKING
 from syvain_training_data.client import SyvainTrainingData
 from syvain_training_data.errors import (
     ObjectChangedError,
+    ObjectDataError,
     PublicationConflictError,
+    ShardDataError,
+    StorageError,
     StorageRetryExhaustedError,
+    SyvainError,
 )
 from syvain_training_data.manifest import (
     DataManifest,
@@ -17,7 +21,7 @@ from syvain_training_data.manifest import (
     ManifestDatasetEntry,
     ManifestShard,
 )
-from syvain_training_data.saver import DatasetSaver
+from syvain_training_data.publish import DatasetSaver
 from syvain_training_data.shard import iter_shard
 from syvain_training_data.storage import StorageConfig
 
@@ -37,12 +41,16 @@ __all__ = [
     "ManifestDatasetEntry",
     "ManifestShard",
     "ObjectChangedError",
+    "ObjectDataError",
     "PublicationConflictError",
     "RepresentationExample",
     "RepresentationIntegrityError",
+    "ShardDataError",
     "SplitDataLoader",
     "StorageConfig",
+    "StorageError",
     "StorageRetryExhaustedError",
+    "SyvainError",
     "SyvainTrainingData",
     "iter_shard",
 ]

@@ -45,6 +45,19 @@ class NativeStorage:
         start: int = 0,
         stop: int | None = None,
     ) -> ShardReader: ...
+    def open_shard_batches(
+        self,
+        uri: str,
+        data_format: str,
+        *,
+        size_bytes: int,
+        records: int,
+        etag: str | None = None,
+        start: int = 0,
+        stop: int | None = None,
+        columns: list[str] | None = None,
+        batch_size: int,
+    ) -> ShardBatchReader: ...
 
 @final
 class ObjectStream:
@@ -146,6 +159,55 @@ def shard_reader_from_bytes(
     start: int = 0,
     stop: int | None = None,
 ) -> ShardReader: ...
+
+# rust/src/codec/columnar: Arrow record batches of msgpack.zstf and jsonl.gz shards.
+BATCH_BYTES: int
+
+@final
+class ShardBatchReader:
+    def __iter__(self) -> ShardBatchReader: ...
+    def __next__(self) -> ShardBatch: ...
+    @property
+    def uri(self) -> str: ...
+    @property
+    def data_format(self) -> str: ...
+
+@final
+class ShardBatch:
+    @property
+    def num_rows(self) -> int: ...
+    @property
+    def column_names(self) -> list[str]: ...
+    def __len__(self) -> int: ...
+    def __arrow_c_schema__(self) -> object: ...
+    def __arrow_c_array__(self, requested_schema: object | None = None) -> tuple[object, object]: ...
+    def __arrow_c_stream__(self, requested_schema: object | None = None) -> object: ...
+    def int_list_buffers(self, column: str) -> tuple[IntBuffer, IntBuffer]: ...
+
+def shard_batches_from_bytes(
+    data_format: str,
+    uri: str,
+    data: bytes,
+    declared_records: int,
+    chunk_size: int | None = None,
+    *,
+    start: int = 0,
+    stop: int | None = None,
+    columns: list[str] | None = None,
+    batch_size: int = 8192,
+) -> ShardBatchReader: ...
+
+def _decode_only(data_format: str, data: bytes) -> int:
+    """Benchmark-only (benchmarks/tokens.py): decompresses and parses shard bytes, building
+    nothing; returns the records found. Not part of the API."""
+
+@final
+class IntBuffer:
+    """Read-only integers (int32 offsets or int64 values) through the buffer protocol."""
+
+    def __len__(self) -> int: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def __release_buffer__(self, buffer: memoryview, /) -> None: ...
 
 # rust/src/rows.rs: Parquet rows from Arrow record batches (SPEC section 3).
 

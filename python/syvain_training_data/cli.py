@@ -810,7 +810,7 @@ def _cp(ctx: Context) -> None:
     )
 
     def copy(shard: ManifestShard) -> ManifestShard:
-        from syvain_training_data.saver import copy_shard
+        from syvain_training_data.publish import copy_shard
 
         copied = copy_shard(
             shard,

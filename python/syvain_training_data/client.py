@@ -19,8 +19,8 @@ from syvain_training_data.storage import StorageConfig, get_object, native_stora
 if TYPE_CHECKING:
     from syvain_training_data.loading.split_loader import SplitDataLoader
     from syvain_training_data.manifest import DataManifestDataFormat
+    from syvain_training_data.publish import DatasetSaver
     from syvain_training_data.representation import RepresentationExample
-    from syvain_training_data.saver import DatasetSaver
 
 __all__ = ["SyvainTrainingData"]
 
@@ -116,12 +116,12 @@ class SyvainTrainingData:
     def dataset_saver(
         self, manifest_uri: str, *, data_format: DataManifestDataFormat = "jsonl.gz"
     ) -> DatasetSaver:
-        """A :class:`~syvain_training_data.saver.DatasetSaver` publishing the dataset whose
+        """A :class:`~syvain_training_data.publish.DatasetSaver` publishing the dataset whose
         manifest goes to ``manifest_uri`` (SPEC section 5). Picklable: hand it to workers.
 
         Raises ValueError for a prefix (ending in "/") or invalid URI, or an unknown format.
         """
-        from syvain_training_data.saver import DatasetSaver
+        from syvain_training_data.publish import DatasetSaver
 
         return DatasetSaver(
             manifest_uri, data_format=data_format, storage_config=self._storage_config
@@ -130,13 +130,15 @@ class SyvainTrainingData:
     def split_data_loader(
         self,
         manifest_uri: str,
-        collate_fn: Callable[[list[Any]], Any],
+        collate_fn: Callable[[list[Any]], Any] | None,
         dataloader_args: Mapping[str, Any] | None = None,
         *,
         allow_mixed_schemes: bool = False,
     ) -> SplitDataLoader:
         """A :class:`~syvain_training_data.SplitDataLoader` over the manifest at
         ``manifest_uri``, read once, now (SPEC section 6). Needs the ``torch`` extra.
+        ``collate_fn`` may be None for ``load_tokens``, ``load(columns=...)`` or torch's
+        default collation.
 
         An ``s3://`` manifest may name only ``s3://`` shards and a ``file://`` manifest only
         ``file://`` shards (SPEC section 4); pass ``allow_mixed_schemes=True`` for a manifest you

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from syvain_training_data.client import SyvainTrainingData
-from syvain_training_data.saver import DatasetSaver
+from syvain_training_data.publish import DatasetSaver
 
 WORDS = [
     "the",

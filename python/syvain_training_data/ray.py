@@ -42,7 +42,7 @@ except ModuleNotFoundError as error:  # pragma: no cover - exercised without the
 from syvain_training_data.loading.selection import select_shards
 from syvain_training_data.manifest import DataManifest, DataManifestDataFormat, ManifestShard
 from syvain_training_data.manifest import parse_manifest as _parse_manifest
-from syvain_training_data.saver import DatasetSaver, encode_segment
+from syvain_training_data.publish import DatasetSaver, encode_segment
 from syvain_training_data.shard import iter_shard
 from syvain_training_data.storage import StorageConfig, get_object
 from syvain_training_data.uris import check_shard_scheme

@@ -1,21 +1,44 @@
-"""`iter_shard`: stream one shard's records, lazily, with the size and record-count checks.
+"""`iter_shard` and `iter_shard_batches`: stream one shard's records (as dicts, or as Arrow
+record batches), lazily, with the size and record-count checks.
 
 msgpack.zstf and jsonl.gz are decoded in Rust straight from the resumable stream (records cross
-into Python in batches); Parquet goes through pyarrow (the ``parquet`` extra).
+into Python in batches, or are built into Arrow arrays in Rust); Parquet goes through pyarrow
+(the ``parquet`` extra).
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
-from typing import Any
+from collections.abc import Generator, Mapping, Sequence
+from typing import Any, Protocol
 
 from syvain_training_data.manifest import DATA_FORMATS, DataManifestDataFormat, ManifestShard
 from syvain_training_data.storage import StorageConfig, native_storage
 
-__all__ = ["iter_shard"]
+__all__ = ["ArrowRecordBatch", "iter_shard", "iter_shard_batches"]
 
 NATIVE_FORMATS = ("msgpack.zstf", "jsonl.gz")
 BATCH_RECORDS = 1024
+#: Default rows per batch of `iter_shard_batches`.
+BATCH_ROWS = 8192
+
+
+class ArrowRecordBatch(Protocol):
+    """What `iter_shard_batches` yields: a record batch behind the Arrow PyCapsule interface
+    (``pyarrow.record_batch(b)``, ``polars.DataFrame(b)``, ``arro3``, ``nanoarrow``)."""
+
+    @property
+    def num_rows(self) -> int: ...
+    @property
+    def column_names(self) -> list[str]: ...
+    def __arrow_c_schema__(self) -> object: ...
+    def __arrow_c_array__(self, requested_schema: object | None = None) -> tuple[object, object]: ...
+
+
+def _check_format(data_format: str) -> None:
+    if data_format not in DATA_FORMATS:
+        raise ValueError(
+            f"Unknown data format {data_format!r}; expected one of {', '.join(DATA_FORMATS)}"
+        )
 
 
 def iter_shard(
@@ -39,15 +62,12 @@ def iter_shard(
     shard that is not read to its end.
 
     The bytes received are checked against ``shard.size_bytes`` and, at the end, the number of
-    records against ``shard.records``. Errors: RuntimeError "Unreadable {format} shard {uri}:
-    {reason}" for bad data or counts; FileNotFoundError, PermissionError, ObjectChangedError and
-    StorageRetryExhaustedError from the store; ValueError for an unknown format or an invalid
-    range.
+    records against ``shard.records``. Errors: ShardDataError (a RuntimeError) "Unreadable
+    {format} shard {uri}: {reason}" for bad data or counts; FileNotFoundError,
+    PermissionError, ObjectChangedError and StorageRetryExhaustedError from the store;
+    ValueError for an unknown format or an invalid range.
     """
-    if data_format not in DATA_FORMATS:
-        raise ValueError(
-            f"Unknown data format {data_format!r}; expected one of {', '.join(DATA_FORMATS)}"
-        )
+    _check_format(data_format)
     if data_format == "parquet":
         from syvain_training_data.formats.parquet import iter_parquet_shard
 
@@ -64,3 +84,63 @@ def iter_shard(
     )
     while batch := reader.next_batch(BATCH_RECORDS):
         yield from batch
+
+
+def iter_shard_batches(
+    data_format: DataManifestDataFormat,
+    shard: ManifestShard,
+    *,
+    columns: Sequence[str] | None = None,
+    storage_config: StorageConfig | None = None,
+    batch_size: int = BATCH_ROWS,
+    start: int = 0,
+    stop: int | None = None,
+) -> Generator[ArrowRecordBatch]:
+    """Yields the records ``[start, stop)`` of ``shard`` as Arrow record batches of at most
+    ``batch_size`` rows (fewer once a batch's values take about 16 MiB), in order.
+
+    msgpack.zstf and jsonl.gz records are built into Arrow arrays in Rust, off the GIL, under
+    the schema rules of README "Columnar batches"; the batches implement the Arrow PyCapsule
+    interface (no pyarrow needed), and ``int_list_buffers(column)`` hands a list-of-integers
+    column to ``torch.frombuffer`` / ``numpy.frombuffer`` without a copy. Parquet shards yield
+    pyarrow's own record batches (the ``parquet`` extra).
+
+    ``columns`` builds only those top-level keys, in that order (a key no record holds is a
+    column of nulls); the other values are skipped without being built. ``start``, ``stop``,
+    the size and count checks and the errors are those of `iter_shard`; besides, a value the
+    columns cannot hold (a str in an int column, an int beyond int64) is a RuntimeError
+    "Unreadable {format} shard {uri}: column 'name' mixes int and str values".
+
+    Like `iter_shard`, nothing is opened before the first batch is asked for, and ``close()``
+    stops the stream of a shard not read to its end.
+    """
+    _check_format(data_format)
+    if type(batch_size) is not int or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
+    if isinstance(columns, str):
+        raise TypeError("columns must be a sequence of column names, not a str")
+    selected = None if columns is None else list(columns)
+    if data_format == "parquet":
+        from syvain_training_data.formats.parquet import iter_parquet_batches
+
+        yield from iter_parquet_batches(
+            shard,
+            storage_config=storage_config,
+            columns=selected,
+            batch_size=batch_size,
+            start=start,
+            stop=stop,
+        )
+        return
+    yield from native_storage(storage_config or StorageConfig()).open_shard_batches(
+        shard.uri,
+        data_format,
+        size_bytes=shard.size_bytes,
+        records=shard.records,
+        etag=shard.etag or None,
+        start=start,
+        stop=stop,
+        columns=selected,
+        batch_size=batch_size,
+    )
+

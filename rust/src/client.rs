@@ -12,7 +12,8 @@ use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::classify::{classify, Failure};
-use crate::codec::{RecordRange, ShardReader};
+use crate::codec::columnar::{column_selection, BatchOptions, ShardBatchReader};
+use crate::codec::{RecordRange, ShardFormat, ShardReader};
 use crate::error::{refuse_special_file, NativeError, NativeResult};
 use crate::ops::{log_warning, with_retries};
 use crate::policy;
@@ -291,17 +292,46 @@ impl NativeStorage {
         stop: Option<i64>,
     ) -> NativeResult<ShardReader> {
         let range = RecordRange::new(records, start, stop)?;
-        let format: &'static str = match data_format {
-            "msgpack.zstf" => "msgpack.zstf",
-            "jsonl.gz" => "jsonl.gz",
-            other => {
-                return Err(NativeError::Config(format!(
-                    "{uri}: the native reader decodes msgpack.zstf and jsonl.gz, not {other:?}"
-                )))
-            }
+        let format = ShardFormat::of_shard(uri, data_format)?;
+        let reader = self.stream(uri, size_bytes, etag, 0, Some(format.name()))?;
+        ShardReader::open(
+            format.name(),
+            uri.to_string(),
+            Box::new(reader),
+            size_bytes,
+            range,
+        )
+    }
+
+    /// Builds Arrow record batches of up to `batch_size` records of a msgpack.zstf or jsonl.gz
+    /// shard straight from a resumable stream, off the GIL (`columns`: only those top-level
+    /// keys, in that order).
+    #[pyo3(signature = (uri, data_format, *, size_bytes, records, etag=None, start=0, stop=None, columns=None, batch_size))]
+    #[allow(clippy::too_many_arguments)]
+    fn open_shard_batches(
+        &self,
+        uri: &str,
+        data_format: &str,
+        size_bytes: u64,
+        records: u64,
+        etag: Option<String>,
+        start: i64,
+        stop: Option<i64>,
+        columns: Option<Vec<String>>,
+        batch_size: usize,
+    ) -> PyResult<ShardBatchReader> {
+        let range = RecordRange::new(records, start, stop)?;
+        let format = ShardFormat::of_shard(uri, data_format)?;
+        let options = BatchOptions {
+            columns: column_selection(columns)?,
+            batch_rows: batch_size,
         };
-        let reader = self.stream(uri, size_bytes, etag, 0, Some(format))?;
-        ShardReader::open(format, uri.to_string(), Box::new(reader), size_bytes, range)
+        let reader = self.stream(uri, size_bytes, etag, 0, Some(format.name()))?;
+        let source = Box::new(reader);
+        let uri = uri.to_string();
+        Ok(ShardBatchReader::open(
+            format, uri, source, size_bytes, range, options,
+        )?)
     }
 
     /// A resumable stream over an immutable object of known size.

@@ -139,9 +139,12 @@ fn download_object(
     }
     if written != size_bytes {
         // The stream checks this already; a second look costs nothing.
-        return Err(NativeError::InvalidData(format!(
-            "{uri}: size mismatch: received {written} bytes but size_bytes is {size_bytes}"
-        )));
+        return Err(NativeError::InvalidData {
+            uri: uri.to_string(),
+            reason: format!(
+                "size mismatch: received {written} bytes but size_bytes is {size_bytes}"
+            ),
+        });
     }
     if let Some(file) = partial.file.as_mut() {
         file.flush()

@@ -7,20 +7,23 @@ use pyo3::exceptions::{
     PyPermissionError, PyRuntimeError, PyValueError,
 };
 use pyo3::prelude::*;
-use pyo3::types::PyType;
+use pyo3::types::PyTuple;
 
 /// Our exception classes are defined in Python (`syvain_training_data.errors`) so that they
-/// carry the package's module name and can be caught before the extension is imported.
-fn package_error(name: &str, message: String) -> PyErr {
+/// carry the package's module name and can be caught before the extension is imported. The
+/// constructor takes the message, then the attributes the class keeps (uri, reason, ...).
+fn package_error(name: &str, message: String, attributes: &[&str]) -> PyErr {
     Python::with_gil(|py| {
-        match py
+        let mut values = vec![message.clone()];
+        values.extend(attributes.iter().map(|value| value.to_string()));
+        let args = PyTuple::new(py, values);
+        let error = py
             .import("syvain_training_data.errors")
             .and_then(|module| module.getattr(name))
-        {
-            Ok(class) => match class.downcast_into::<PyType>() {
-                Ok(class) => PyErr::from_type(class, message),
-                Err(_) => PyRuntimeError::new_err(message),
-            },
+            .and_then(|class| class.call1(args?));
+        match error {
+            Ok(error) => PyErr::from_value(error),
+            // Only if the package itself is broken: still the documented base class.
             Err(_) => PyRuntimeError::new_err(message),
         }
     })
@@ -53,8 +56,8 @@ pub enum NativeError {
         last_error: String,
     },
     /// The object's bytes disagree with what the caller declared (size, etc.).
-    #[error("{0}")]
-    InvalidData(String),
+    #[error("{uri}: {reason}")]
+    InvalidData { uri: String, reason: String },
     /// A permanent storage failure that is none of the above.
     #[error("Storage error on {uri}: {detail}")]
     Storage { uri: String, detail: String },
@@ -152,14 +155,24 @@ impl From<NativeError> for PyErr {
             NativeError::NotFound { .. } => PyFileNotFoundError::new_err(message),
             NativeError::AlreadyExists { .. } => PyFileExistsError::new_err(message),
             NativeError::Permission { .. } => PyPermissionError::new_err(message),
-            NativeError::Changed { .. } => package_error("ObjectChangedError", message),
-            NativeError::RetryExhausted { .. } => {
-                package_error("StorageRetryExhaustedError", message)
+            NativeError::Changed { uri, .. } => {
+                package_error("ObjectChangedError", message, &[&uri])
             }
-            NativeError::InvalidData(_)
-            | NativeError::Storage { .. }
-            | NativeError::Shard { .. }
-            | NativeError::Task(_) => PyRuntimeError::new_err(message),
+            NativeError::RetryExhausted { uri, .. } => {
+                package_error("StorageRetryExhaustedError", message, &[&uri])
+            }
+            NativeError::InvalidData { uri, reason } => {
+                package_error("ObjectDataError", message, &[&uri, &reason])
+            }
+            NativeError::Storage { uri, detail } => {
+                package_error("StorageError", message, &[&uri, &detail])
+            }
+            NativeError::Task(_) => package_error("StorageError", message, &[]),
+            NativeError::Shard {
+                format,
+                uri,
+                reason,
+            } => package_error("ShardDataError", message, &[format, &uri, &reason]),
             // OSError(errno, strerror, filename) picks the subclass that matches errno.
             NativeError::Io {
                 what,

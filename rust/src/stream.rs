@@ -342,7 +342,10 @@ impl Producer {
                 uri: self.request.uri.clone(),
                 reason,
             },
-            None => NativeError::InvalidData(format!("{}: {reason}", self.request.uri)),
+            None => NativeError::InvalidData {
+                uri: self.request.uri.clone(),
+                reason,
+            },
         })
     }
 

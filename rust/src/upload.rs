@@ -328,10 +328,13 @@ async fn multipart_attempt(
             let part = tokio::task::block_in_place(|| read_part(&mut file, part_size))
                 .map_err(|e| Failure::Fatal(io_error("Cannot read", &file_path, &e)))?;
             if part.is_empty() {
-                return Err(Failure::Fatal(NativeError::InvalidData(format!(
-                    "{uri}: the file {} shrank while it was uploaded",
-                    file_path.display()
-                ))));
+                return Err(Failure::Fatal(NativeError::InvalidData {
+                    uri: uri.to_string(),
+                    reason: format!(
+                        "the file {} shrank while it was uploaded",
+                        file_path.display()
+                    ),
+                }));
             }
             offset += part.len() as u64;
             in_flight.push(upload.put_part(PutPayload::from(part)));

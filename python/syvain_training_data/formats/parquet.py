@@ -49,12 +49,17 @@ from dataclasses import dataclass
 from typing import IO, Any, Final
 
 from syvain_training_data import _native, storage
-from syvain_training_data.errors import ObjectChangedError
+from syvain_training_data.errors import ObjectChangedError, ObjectDataError, ShardDataError
 from syvain_training_data.manifest import ManifestShard
 from syvain_training_data.storage import StorageConfig
 from syvain_training_data.uris import FILE_PREFIX, file_path, portable_etag
 
-__all__ = ["ParquetWriteResult", "iter_parquet_shard", "write_parquet_shard"]
+__all__ = [
+    "ParquetWriteResult",
+    "iter_parquet_batches",
+    "iter_parquet_shard",
+    "write_parquet_shard",
+]
 
 #: Records per Arrow record batch when writing, and rows per conversion to Python when reading.
 BATCH_ROWS: Final = 1024
@@ -426,10 +431,10 @@ def iter_parquet_shard(
 
     Raises:
         ValueError: at once, unless ``0 <= start <= stop <= shard.records``.
-        RuntimeError: "Unreadable parquet shard {uri}: {reason}" when the bytes disagree with
-            ``shard.size_bytes``, the file is not readable Parquet (chained to pyarrow's error),
-            or the row count is wrong ("declared N records but yielded M", "declared N
-            records but found more").
+        ShardDataError (a RuntimeError): "Unreadable parquet shard {uri}: {reason}" when
+            the bytes disagree with ``shard.size_bytes``, the file is not readable Parquet
+            (chained to pyarrow's error), or the row count is wrong ("declared N records but
+            yielded M", "declared N records but found more").
         OSError: a file:// shard that is not a regular file (a FIFO, a device, a directory),
             naming it, before it is read; not enough free space in the temporary directory to
             download an s3:// shard (ENOSPC, naming the shard, its size and the directory).
@@ -437,6 +442,29 @@ def iter_parquet_shard(
             from the store, as :func:`syvain_training_data.storage.open_stream` raises them.
         ModuleNotFoundError: pyarrow is not installed (the ``parquet`` extra).
     """
+    stop = _checked_stop(shard, start, stop)
+    return _iter_rows(shard, storage_config, start, stop)
+
+
+def iter_parquet_batches(
+    shard: ManifestShard,
+    *,
+    storage_config: StorageConfig | None = None,
+    columns: list[str] | None = None,
+    batch_size: int = 8192,
+    start: int = 0,
+    stop: int | None = None,
+) -> Iterator[Any]:
+    """Yields rows ``[start, stop)`` of a Parquet shard as pyarrow record batches of at most
+    ``batch_size`` rows, with the reads, checks and errors of :func:`iter_parquet_shard`.
+
+    ``columns`` reads only those columns, in that order (one the file lacks is a column of
+    nulls)."""
+    stop = _checked_stop(shard, start, stop)
+    return _iter_batches(shard, storage_config, start, stop, batch_size, columns)
+
+
+def _checked_stop(shard: ManifestShard, start: int, stop: int | None) -> int:
     stop = shard.records if stop is None else stop
     if not (type(start) is int and type(stop) is int and 0 <= start <= stop <= shard.records):
         # The native readers' message, with the shard named.
@@ -445,30 +473,51 @@ def iter_parquet_shard(
             f"for a shard of {shard.records} records; "
             f"expected 0 <= start <= stop <= {shard.records}"
         )
-    return _iter_rows(shard, storage_config, start, stop)
+    return stop
 
 
 def _iter_rows(
     shard: ManifestShard, storage_config: StorageConfig | None, start: int, stop: int
 ) -> Generator[dict[str, Any]]:
-    _, pq = _pyarrow()
+    batches = _iter_batches(shard, storage_config, start, stop, None, None)
+    with contextlib.closing(batches):
+        for batch in batches:
+            for first in range(0, batch.num_rows, BATCH_ROWS):
+                try:
+                    rows = _rows(batch.slice(first, BATCH_ROWS))
+                except Exception as error:
+                    raise _unreadable(shard.uri, error) from error
+                yield from rows
+
+
+def _iter_batches(
+    shard: ManifestShard,
+    storage_config: StorageConfig | None,
+    start: int,
+    stop: int,
+    batch_rows: int | None,
+    columns: list[str] | None,
+) -> Generator[Any]:
+    """Arrow batches of the rows ``[start, stop)``, with the count and local-file checks."""
+    pa, pq = _pyarrow()
     with _open_source(shard, storage_config) as source:
         local_etag = _check_local(shard, storage_config)
         position = start
-        batches = _row_batches(pq, source, shard.uri, start)
+        batches = _arrow_batches(pq, source, shard.uri, start, batch_rows, columns)
         try:
-            for rows in batches:
+            for batch in batches:
                 room = stop - position
-                if len(rows) > room:
-                    yield from rows[:room]
+                if batch.num_rows > room:
+                    if room:
+                        yield _select(pa, batch.slice(0, room), columns)
                     position = stop
                     if stop == shard.records:
                         raise _unreadable(
                             shard.uri, f"declared {shard.records} records but found more"
                         )
                     break
-                position += len(rows)
-                yield from rows
+                position += batch.num_rows
+                yield _select(pa, batch, columns)
                 if position == stop < shard.records:
                     break
         finally:
@@ -479,8 +528,19 @@ def _iter_rows(
             raise _unreadable(shard.uri, f"declared {shard.records} records but yielded {position}")
 
 
-def _unreadable(uri: str, reason: object) -> RuntimeError:
-    return RuntimeError(f"Unreadable parquet shard {uri}: {reason}")
+def _select(pa: Any, batch: Any, columns: list[str] | None) -> Any:
+    """The ``columns`` of ``batch`` in that order, nulls for those it lacks."""
+    if columns is None:
+        return batch
+    names = batch.schema.names
+    arrays = [
+        batch.column(name) if name in names else pa.nulls(batch.num_rows) for name in columns
+    ]
+    return pa.RecordBatch.from_arrays(arrays, names=columns)
+
+
+def _unreadable(uri: str, reason: object) -> ShardDataError:
+    return ShardDataError.of("parquet", uri, reason)
 
 
 def _check_local(
@@ -567,13 +627,10 @@ def _download(shard: ManifestShard, storage_config: StorageConfig | None) -> IO[
             ) as stream:
                 for chunk in stream:
                     file.write(chunk)
-        except RuntimeError as error:
-            # The stream's own data errors ("{uri}: size mismatch ...") are this shard's;
-            # store failures (retry budget, changed object, ...) keep their types.
-            prefix = f"{shard.uri}: "
-            if type(error) is RuntimeError and str(error).startswith(prefix):
-                raise _unreadable(shard.uri, str(error)[len(prefix) :]) from error
-            raise
+        except ObjectDataError as error:
+            # The stream's own data errors (size mismatch) are this shard's; store failures
+            # (retry budget, changed object, ...) keep their types.
+            raise _unreadable(shard.uri, error.reason) from error
         file.flush()
         file.seek(0)
     except BaseException:
@@ -582,10 +639,18 @@ def _download(shard: ManifestShard, storage_config: StorageConfig | None) -> IO[
     return file
 
 
-def _row_batches(pq: Any, source: Any, uri: str, start: int) -> Generator[list[dict[str, Any]]]:
-    """Lists of at most BATCH_ROWS rows of a Parquet file (a path or a pyarrow readable), from
-    row ``start``: whole row groups before it are skipped from the metadata, undecoded;
-    pyarrow and conversion errors become RuntimeError."""
+def _arrow_batches(
+    pq: Any,
+    source: Any,
+    uri: str,
+    start: int,
+    batch_rows: int | None,
+    columns: list[str] | None,
+) -> Generator[Any]:
+    """Arrow batches of a Parquet file (a path or a pyarrow readable) from row ``start``, of
+    ``batch_rows`` rows (None: about DECODE_BATCH_BYTES each), decoding only the file's
+    columns among ``columns`` (None: all): whole row groups before ``start`` are skipped from
+    the metadata, undecoded; pyarrow errors become RuntimeError."""
     try:
         parquet = pq.ParquetFile(source)
     except Exception as error:
@@ -595,8 +660,11 @@ def _row_batches(pq: Any, source: Any, uri: str, start: int) -> Generator[list[d
             groups, skip = _row_groups_from(parquet.metadata, start)
             if not groups:
                 return
+            rows = batch_rows or _decode_batch_rows(parquet)
+            if columns is not None:
+                columns = [name for name in columns if name in parquet.schema_arrow.names]
             batches = _prefetch(
-                parquet.iter_batches(batch_size=_decode_batch_rows(parquet), row_groups=groups)
+                parquet.iter_batches(batch_size=rows, row_groups=groups, columns=columns)
             )
         except Exception as error:
             raise _unreadable(uri, error) from error
@@ -611,12 +679,7 @@ def _row_batches(pq: Any, source: Any, uri: str, start: int) -> Generator[list[d
                 if skip >= batch.num_rows:
                     skip -= batch.num_rows
                     continue
-                for first in range(skip, batch.num_rows, BATCH_ROWS):
-                    try:
-                        rows = _rows(batch.slice(first, BATCH_ROWS))
-                    except Exception as error:
-                        raise _unreadable(uri, error) from error
-                    yield rows
+                yield batch.slice(skip) if skip else batch
                 skip = 0
 
 

@@ -99,6 +99,8 @@ class SyvainDataLoader(DataLoader[Any]):
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             version = state.get("version") if isinstance(state, dict) else None
             raise ValueError(f"Unsupported loader state version {version!r}")
+        if "kind" in state:
+            raise ValueError(f"This is a {state['kind']} loader state, not a record loader's")
         if state.get("selection") != self.dataset.selection.fingerprint():
             raise ValueError(
                 "This loader state was saved for another selection, seed, shuffle or mixing"
@@ -123,7 +125,7 @@ def _counted(batches: Iterator[Any], progress: dict[str, Any]) -> Iterator[Any]:
     progress["finished"] = True
 
 
-def endless(loader: SyvainDataLoader, split: str) -> Iterator[Any]:
+def endless(loader: DataLoader[Any], split: str) -> Iterator[Any]:
     """Epoch after epoch; RuntimeError("{split} split produced no batches") on an empty one."""
     while True:
         produced = False

@@ -37,6 +37,7 @@ __all__ = [
     "MixedOrder",
     "Selection",
     "StreamOrder",
+    "TokenInterrupt",
     "Topology",
     "batch_count",
     "consumer_part",
@@ -45,6 +46,7 @@ __all__ = [
     "rank_batches",
     "round_robin_taken",
     "split_evenly",
+    "token_layout",
 ]
 
 # Records shuffled together when a seed is given and no window is: large enough to mix a few
@@ -501,3 +503,91 @@ def left_in_epoch(
 def epoch_length(selection: Selection, epoch: int) -> int:
     mixed = selection.mixed(epoch)
     return selection.totals()[0] if mixed is None else mixed.length
+
+
+@dataclass(frozen=True)
+class TokenInterrupt:
+    """A token pass (``load_tokens``) stopped. Token blocks cut records, so what a consumer
+    consumed cannot follow from batch counts: per rank and worker, ``positions`` holds (records
+    of its part wholly consumed, tokens consumed of the next record, counted from the record's
+    start; 0 when this run took none of it). Per rank, ``turns`` is the worker whose turn came
+    next and ``finished`` whether the rank had received all its batches."""
+
+    topology: Topology
+    positions: tuple[tuple[tuple[int, int], ...], ...]
+    turns: tuple[int, ...]
+    finished: tuple[bool, ...]
+
+    def __post_init__(self) -> None:
+        ranks, workers = self.topology.world_size, self.topology.workers
+        if len(self.positions) != ranks or len(self.turns) != ranks or len(self.finished) != ranks:
+            raise ValueError(f"A token loader state needs every one of its {ranks} ranks")
+        for rank, (positions, turn) in enumerate(zip(self.positions, self.turns, strict=True)):
+            if len(positions) != workers or not 0 <= turn < workers:
+                raise ValueError(f"Invalid token loader state for rank {rank}")
+            if any(records < 0 or offset < 0 for records, offset in positions):
+                raise ValueError(f"Invalid token loader state for rank {rank}")
+
+
+def _unread_tokens(
+    parts: list[list[tuple[int, int]]],
+    positions: Sequence[tuple[int, int]],
+    cuts: dict[int, int],
+) -> list[list[tuple[int, int]]]:
+    """Per worker, the rest of its part after ``positions``; a record a block cut is kept
+    whole, and ``cuts`` records where its unconsumed tokens start."""
+    rests = []
+    for part, (records, offset) in zip(parts, positions, strict=True):
+        level = Level(part)
+        if records > level.length or (records == level.length and offset > 0):
+            raise ValueError(
+                f"Token loader state consumed {records} records of a part of {level.length}"
+            )
+        rest = level.slice(records, level.length)
+        if offset > 0:
+            first = rest[0][0]
+            if offset <= cuts.get(first, 0):
+                raise ValueError(f"Token loader state went back inside record {first}")
+            cuts[first] = offset
+        rests.append(rest)
+    return rests
+
+
+def token_layout(
+    epoch_length: int,
+    interrupts: Sequence[TokenInterrupt],
+    topology: Topology,
+    rank: int | None = None,
+) -> tuple[Layout, dict[int, int]]:
+    """``run_layout`` for token passes: (who reads which epoch intervals, and per epoch position
+    of a record earlier runs consumed in part, the token its rest starts at).
+
+    A run on a new topology splits the unconsumed records evenly; a run on the interrupted
+    run's topology gives each worker one old worker's rest, rotated by the turn that was next:
+    block for block the uninterrupted run."""
+    topologies = [interrupt.topology for interrupt in interrupts] + [topology]
+    level = Level([(0, epoch_length)])
+    layout: Layout = {}
+    cuts: dict[int, int] = {}
+    for index, current in enumerate(topologies):
+        final = index == len(interrupts)
+        ranks = [rank] if final and rank is not None else range(current.world_size)
+        if index > 0:
+            previous = interrupts[index - 1]
+            rests = {
+                r: _unread_tokens(layout[r], previous.positions[r], cuts)
+                for r in range(previous.topology.world_size)
+            }
+            if current == previous.topology:
+                workers = current.workers
+                layout = {
+                    r: [rests[r][(w + previous.turns[r]) % workers] for w in range(workers)]
+                    for r in ranks
+                }
+                continue
+            level = Level([i for r in sorted(rests) for rest in rests[r] for i in rest])
+        layout = {
+            r: [level.slice(start, stop) for start, stop in _worker_parts(level, current, r)]
+            for r in ranks
+        }
+    return layout, cuts

@@ -23,8 +23,9 @@ except ModuleNotFoundError as error:  # pragma: no cover - exercised without the
 
 from syvain_training_data.loading import plan
 from syvain_training_data.loading.dataloader import SyvainDataLoader, endless
-from syvain_training_data.loading.dataset import ShardDataset, stream_tables
+from syvain_training_data.loading.dataset import ShardDataset, ShardTable, stream_tables
 from syvain_training_data.loading.selection import select_shards
+from syvain_training_data.loading.tensors import TensorCollate
 from syvain_training_data.manifest import DataManifest, ManifestShard
 from syvain_training_data.storage import StorageConfig
 from syvain_training_data.uris import check_shard_scheme
@@ -68,7 +69,7 @@ class SplitDataLoader:
     def __init__(
         self,
         manifest: DataManifest,
-        collate_fn: Callable[[list[Any]], Any],
+        collate_fn: Callable[[list[Any]], Any] | None,
         dataloader_args: Mapping[str, Any] | None = None,
         *,
         storage_config: StorageConfig | None = None,
@@ -148,60 +149,22 @@ class SplitDataLoader:
             weights.append(float(weight))
         return weights
 
-    def load(
+    def _plan(
         self,
         split: str,
-        curriculum_stage: str | None = None,
-        infinite_iter: bool = False,
+        curriculum_stage: str | None,
+        curriculum_stages: Sequence[str] | None,
         *,
-        curriculum_stages: Sequence[str] | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        equal_batches: bool = False,
-        seed: int | None = None,
-        shuffle_buffer: int | None = None,
-        stateful: bool = False,
-        mixing_weights: Mapping[str, float] | str | None = None,
-        mixing_stop: str = "first_exhausted",
-    ) -> Any:
-        """A DataLoader over ``split`` (or one stage, or a union of stages kept in stage order
-        without repeated shard URIs); with ``infinite_iter``, an endless iterator of batches.
-
-        Work is split by records (SPEC section 6, v2): the selection is one sample space;
-        each epoch has an order that depends only on (selection, seed, epoch); rank r of R
-        takes a contiguous part of it and its workers split that part, part sizes differing by
-        at most one record. Each consumer reads contiguous record ranges of shards.
-
-        Options (defaults keep SPEC section 6 behaviour):
-          rank, world_size: this process's part; default from an initialised
-            torch.distributed, else (0, 1). Every record is read exactly once per epoch across
-            ranks and workers.
-          equal_batches: every rank yields the same number of batches; fewer than world_size
-            records of the epoch are left out (the last ones of the epoch's order).
-          seed: shuffle, deterministic in (seed, epoch): the shard order is permuted and
-            records are shuffled within windows of ``shuffle_buffer`` consecutive records of
-            one shard (default 8192; 0 or 1: shard order only). A worker holds one window.
-          mixing_weights: curriculum mixing instead of the union: a mapping stage -> weight
-            (its keys are the stages when ``curriculum_stages`` is not given), or "metadata"
-            for each stage's ``weight`` metadata. Each stage keeps its share of every stretch
-            of the epoch's order; the order is then split across ranks and workers like any
-            other.
-          mixing_stop: "first_exhausted" (default): the epoch ends where the first stage runs
-            out, so the proportions hold throughout; "all_exhausted": exhausted stages leave
-            the mix and every record is read once per epoch.
-          stateful: kept for compatibility; every loader this returns has ``state_dict()`` /
-            ``load_state_dict()`` (torchdata's protocol), resuming exactly on any number of
-            ranks, workers and any batch size.
-
-        Raises:
-            ValueError: unknown split ("Unknown split 'x'; available splits: a, b") or stage
-                ("... available stages: ..."), both stage arguments, ``curriculum_stages`` a
-                str, empty or with duplicates; bad rank/world_size; a shard on another store
-                than the manifest without ``allow_mixed_schemes``.
-            RuntimeError: with ``infinite_iter``, "{split} split produced no batches" when an
-                epoch yields none.
-        """
-        del stateful  # every loader is stateful
+        rank: int | None,
+        world_size: int | None,
+        equal_batches: bool,
+        seed: int | None,
+        shuffle_buffer: int | None,
+        mixing_weights: Mapping[str, float] | str | None,
+        mixing_stop: str,
+    ) -> tuple[plan.Selection, ShardTable, tuple[tuple[int, ...], ...], int, int, dict[str, Any]]:
+        """(selection, shard table, per stream its shards, rank, world_size, DataLoader
+        arguments) of a ``load`` call; raises its ValueErrors."""
         if (
             mixing_weights is not None
             and curriculum_stages is None
@@ -231,9 +194,6 @@ class SplitDataLoader:
         window = _check_index(window, "shuffle_buffer")
         if window < 0:
             raise ValueError(f"shuffle_buffer must not be negative, got {window}")
-        args = dict(self.dataloader_args)
-        batch_size = args.get("batch_size", 1)
-        drop_last = bool(args.get("drop_last", False)) and batch_size is not None
         table, stream_shards, counts = stream_tables(shards, groups)
         selection = plan.Selection(
             streams=counts,
@@ -244,6 +204,7 @@ class SplitDataLoader:
             equal_batches=equal_batches,
             identity=table.identity(),
         )
+        args = dict(self.dataloader_args)
         # A worker beyond a rank's records would only idle.
         workers = min(args.get("num_workers", 0), sum(table.records) // world_size)
         args["num_workers"] = workers
@@ -252,6 +213,82 @@ class SplitDataLoader:
                 args.pop(name, None)
             if args.get("timeout", 0) > 0:
                 args.pop("timeout")
+        return selection, table, stream_shards, rank, world_size, args
+
+    def load(
+        self,
+        split: str,
+        curriculum_stage: str | None = None,
+        infinite_iter: bool = False,
+        *,
+        curriculum_stages: Sequence[str] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        equal_batches: bool = False,
+        seed: int | None = None,
+        shuffle_buffer: int | None = None,
+        stateful: bool = False,
+        mixing_weights: Mapping[str, float] | str | None = None,
+        mixing_stop: str = "first_exhausted",
+        columns: Sequence[str] | None = None,
+        pad_value: int | float = 0,
+    ) -> Any:
+        """A DataLoader over ``split`` (or one stage, or a union of stages kept in stage order
+        without repeated shard URIs); with ``infinite_iter``, an endless iterator of batches.
+
+        Work is split by records (SPEC section 6, v2): the selection is one sample space;
+        each epoch has an order that depends only on (selection, seed, epoch); rank r of R
+        takes a contiguous part of it and its workers split that part, part sizes differing by
+        at most one record. Each consumer reads contiguous record ranges of shards.
+
+        Options (defaults keep SPEC section 6 behaviour):
+          rank, world_size: this process's part; default from an initialised
+            torch.distributed, else (0, 1). Every record is read exactly once per epoch across
+            ranks and workers.
+          equal_batches: every rank yields the same number of batches; fewer than world_size
+            records of the epoch are left out (the last ones of the epoch's order).
+          seed: shuffle, deterministic in (seed, epoch): the shard order is permuted and
+            records are shuffled within windows of ``shuffle_buffer`` consecutive records of
+            one shard (default 8192; 0 or 1: shard order only). A worker holds one window.
+          mixing_weights: curriculum mixing instead of the union: a mapping stage -> weight
+            (its keys are the stages when ``curriculum_stages`` is not given), or "metadata"
+            for each stage's ``weight`` metadata. Each stage keeps its share of every stretch
+            of the epoch's order; the order is then split across ranks and workers like any
+            other.
+          mixing_stop: "first_exhausted" (default): the epoch ends where the first stage runs
+            out, so the proportions hold throughout; "all_exhausted": exhausted stages leave
+            the mix and every record is read once per epoch.
+          columns: batches of tensors instead of ``collate_fn``'s: a dict of the chosen
+            columns, built in the worker (numbers -> (B,), lists of numbers -> (B, longest)
+            padded with ``pad_value`` plus ``{column}_lengths``; strings stay lists). The
+            loader's ``collate_fn`` must then be None.
+          stateful: kept for compatibility; every loader this returns has ``state_dict()`` /
+            ``load_state_dict()`` (torchdata's protocol), resuming exactly on any number of
+            ranks, workers and any batch size.
+
+        Raises:
+            ValueError: unknown split ("Unknown split 'x'; available splits: a, b") or stage
+                ("... available stages: ..."), both stage arguments, ``curriculum_stages`` a
+                str, empty or with duplicates; bad rank/world_size; a shard on another store
+                than the manifest without ``allow_mixed_schemes``.
+            RuntimeError: with ``infinite_iter``, "{split} split produced no batches" when an
+                epoch yields none.
+        """
+        del stateful  # every loader is stateful
+        selection, table, stream_shards, rank, world_size, args = self._plan(
+            split,
+            curriculum_stage,
+            curriculum_stages,
+            rank=rank,
+            world_size=world_size,
+            equal_batches=equal_batches,
+            seed=seed,
+            shuffle_buffer=shuffle_buffer,
+            mixing_weights=mixing_weights,
+            mixing_stop=mixing_stop,
+        )
+        batch_size = args.get("batch_size", 1)
+        drop_last = bool(args.get("drop_last", False)) and batch_size is not None
         dataset = ShardDataset(
             self.manifest.data_format,
             table,
@@ -263,7 +300,93 @@ class SplitDataLoader:
             batch_size=1 if batch_size is None else batch_size,
             drop_last=drop_last,
         )
-        loader = SyvainDataLoader(dataset, collate_fn=self.collate_fn, **args)
+        collate_fn = self.collate_fn
+        if columns is not None:
+            if collate_fn is not None:
+                raise ValueError("Pass collate_fn=None to split_data_loader to load columns")
+            collate_fn = TensorCollate(columns, pad_value)
+        loader = SyvainDataLoader(dataset, collate_fn=collate_fn, **args)
+        if infinite_iter:
+            return endless(loader, split)
+        return loader
+
+    def load_tokens(
+        self,
+        split: str,
+        curriculum_stage: str | None = None,
+        infinite_iter: bool = False,
+        *,
+        seq_len: int,
+        column: str = "tokens",
+        eos_id: int | None = None,
+        curriculum_stages: Sequence[str] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        seed: int | None = None,
+        shuffle_buffer: int | None = None,
+        stateful: bool = False,
+        mixing_weights: Mapping[str, float] | str | None = None,
+        mixing_stop: str = "first_exhausted",
+    ) -> Any:
+        """Packed token blocks: a DataLoader of int64 tensors of shape (batch_size, seq_len)
+        (with ``infinite_iter``, an endless iterator of them). ``collate_fn`` is not used.
+
+        Records are selected, ordered and split across ranks and workers as by :meth:`load`
+        (same arguments). Each consumer concatenates its records' ``column`` (a list of int
+        token ids), with ``eos_id`` after each record when given, in epoch order, and cuts it
+        into blocks of ``seq_len`` tokens; ``batch_size`` blocks (from ``dataloader_args``)
+        make a batch, the last smaller one dropped with ``drop_last``. Within an epoch no token
+        is yielded twice; fewer than ``seq_len`` tokens per consumer are left out.
+
+        ``state_dict()`` holds each worker's position (records consumed, token offset in the
+        next), never tokens, and resumes exactly like :meth:`load`'s on any number of ranks,
+        workers and any batch size or ``seq_len``; a record cut by a block resumes at its token
+        offset. Ranks that form a torch.distributed group gather their positions in
+        ``state_dict()`` (call it on every rank); otherwise merge each rank's state with
+        :func:`~syvain_training_data.loading.tokens.merge_token_states`.
+
+        Raises:
+            ValueError: the errors of :meth:`load`; ``seq_len`` not a positive int; a record
+                without ``column`` or whose ``column`` is not a list of ints (when read).
+        """
+        del stateful  # every loader is stateful
+        from syvain_training_data.loading.tokens import TokenDataLoader, TokenDataset
+
+        seq_len = _check_index(seq_len, "seq_len")
+        if seq_len < 1:
+            raise ValueError(f"seq_len must be at least 1, got {seq_len}")
+        if eos_id is not None:
+            eos_id = _check_index(eos_id, "eos_id")
+        selection, table, stream_shards, rank, world_size, args = self._plan(
+            split,
+            curriculum_stage,
+            curriculum_stages,
+            rank=rank,
+            world_size=world_size,
+            equal_batches=False,
+            seed=seed,
+            shuffle_buffer=shuffle_buffer,
+            mixing_weights=mixing_weights,
+            mixing_stop=mixing_stop,
+        )
+        batch_size = args.pop("batch_size", 1)
+        batch_size = 1 if batch_size is None else _check_index(batch_size, "batch_size")
+        drop_last = bool(args.pop("drop_last", False))
+        dataset = TokenDataset(
+            self.manifest.data_format,
+            table,
+            selection,
+            stream_shards,
+            storage_config=self.storage_config,
+            rank=rank,
+            world_size=world_size,
+            batch_size=batch_size,
+            drop_last=drop_last,
+            column=column,
+            seq_len=seq_len,
+            eos_id=eos_id,
+        )
+        loader = TokenDataLoader(dataset, **args)
         if infinite_iter:
             return endless(loader, split)
         return loader

@@ -29,7 +29,12 @@ from types import TracebackType
 from typing import Final, NoReturn
 
 from syvain_training_data import _native
-from syvain_training_data.errors import ObjectChangedError, RepresentationIntegrityError
+from syvain_training_data.errors import (
+    ObjectChangedError,
+    ObjectDataError,
+    RepresentationIntegrityError,
+    ShardDataError,
+)
 from syvain_training_data.storage import StorageConfig, head_object, native_storage
 from syvain_training_data.uris import plain_etag
 
@@ -109,15 +114,11 @@ def custody_errors(uri: str, *, missing_is_integrity: bool = True) -> Iterator[N
         raise RepresentationIntegrityError(
             f"{uri}: the object changed while it was read ({error})"
         ) from error
-    except RuntimeError as error:
-        # Plain RuntimeErrors of the stream and the shard readers are data errors (size
-        # mismatch, unreadable shard, wrong record count); our subclasses keep their types.
-        if type(error) is not RuntimeError:
-            raise
-        message = str(error)
-        raise RepresentationIntegrityError(
-            message if uri in message else f"{uri}: {message}"
-        ) from error
+    except (ObjectDataError, ShardDataError) as error:
+        # The stream's and the shard readers' data errors (size mismatch, unreadable shard,
+        # wrong record count); other store failures keep their types.
+        message = str(error) if error.uri == uri else f"{uri}: {error}"
+        raise RepresentationIntegrityError(message) from error
 
 
 def fetch(

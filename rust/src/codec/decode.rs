@@ -24,6 +24,11 @@ const CHANNEL_BATCHES: usize = 2;
 /// A payload batch is handed on at this many records or bytes, whichever comes first.
 const BATCH_RECORDS: usize = 512;
 const BATCH_BYTES: usize = 4 << 20;
+/// The first batch of a shard holds one record and each next one four times as many, up to
+/// BATCH_RECORDS: the first record reaches the caller as soon as it is decoded (an open costs
+/// one record, not 512), while the steady state keeps its large batches.
+const FIRST_BATCH_RECORDS: usize = 1;
+const BATCH_GROWTH: usize = 4;
 /// One call hands back records of about this many encoded bytes at most (always at least one
 /// record): the objects of a call then stay in the CPU caches and in the interpreter's recycled
 /// memory pools until the caller drops them, where a call of thousands of large records would
@@ -399,11 +404,13 @@ fn produce(
 
 fn produce_payloads(mut frames: ZstfFrames, sender: &SyncSender<Message>) {
     let mut batch = Payloads::with_capacity(0);
+    let mut batch_records = FIRST_BATCH_RECORDS;
     let last = loop {
         match frames.append_payload(&mut batch.data) {
             Ok(true) => {
                 batch.ends.push(batch.data.len());
-                if batch.ends.len() >= BATCH_RECORDS || batch.data.len() >= BATCH_BYTES {
+                if batch.ends.len() >= batch_records || batch.data.len() >= BATCH_BYTES {
+                    batch_records = (batch_records * BATCH_GROWTH).min(BATCH_RECORDS);
                     let room = batch.data.len().min(BATCH_BYTES);
                     let full = std::mem::replace(&mut batch, Payloads::with_capacity(room));
                     if sender.send(Message::Batch(Batch::Payloads(full))).is_err() {

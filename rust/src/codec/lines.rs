@@ -11,6 +11,10 @@ use crate::source::ByteSource;
 const BATCH_BYTES: usize = 4 << 20;
 /// Decompressed bytes requested from gunzip per step.
 const READ_BYTES: usize = 256 << 10;
+/// The first batch is handed on once this much text holds a complete line, and each next
+/// one at four times as much, up to BATCH_BYTES: an open waits for its first line, not 4 MiB.
+const FIRST_BATCH_BYTES: usize = 16 << 10;
+const BATCH_GROWTH: usize = 4;
 
 /// One non-blank line of a batch: its 1-based number in the shard and its byte range.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +59,8 @@ pub struct JsonlLines {
     records: u64,
     /// An end-of-range error held back until the lines before it are handed out.
     failure: Option<Failure>,
+    /// Text that makes the next batch (grows from FIRST_BATCH_BYTES to BATCH_BYTES).
+    batch_bytes: usize,
 }
 
 impl JsonlLines {
@@ -71,6 +77,7 @@ impl JsonlLines {
             range: None,
             records: 0,
             failure: None,
+            batch_bytes: FIRST_BATCH_BYTES,
         }
     }
 
@@ -96,7 +103,8 @@ impl JsonlLines {
             return Err(failure);
         }
         while !self.done {
-            let more = self.gunzip.read_into(&mut self.text, READ_BYTES)?;
+            let read = READ_BYTES.min(self.batch_bytes);
+            let more = self.gunzip.read_into(&mut self.text, read)?;
             self.scan_lines()?;
             if self.done {
                 break;
@@ -111,8 +119,9 @@ impl JsonlLines {
                 self.failure = self.range_shortfall();
             } else if self.text.len() - self.line_start > self.max_line as usize {
                 return Err(self.too_long());
-            } else if self.text.len() >= BATCH_BYTES {
+            } else if self.text.len() >= self.batch_bytes {
                 if !self.lines.is_empty() {
+                    self.batch_bytes = (self.batch_bytes * BATCH_GROWTH).min(BATCH_BYTES);
                     return Ok(Some(self.take_batch()));
                 }
                 self.discard_passed();

@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 use crate::error::{NativeError, NativeResult};
 
 mod chunks;
+pub mod columnar;
 mod decode;
 mod encode;
 pub mod gzip;
@@ -48,6 +49,16 @@ impl ShardFormat {
                 "Unsupported native shard format {other:?}; expected \"msgpack.zstf\" or \"jsonl.gz\""
             ))),
         }
+    }
+
+    /// The format of a shard the native readers decode; other names are a ValueError naming
+    /// the shard.
+    pub fn of_shard(uri: &str, name: &str) -> NativeResult<Self> {
+        Self::parse(name).map_err(|_| {
+            NativeError::Config(format!(
+                "{uri}: the native reader decodes msgpack.zstf and jsonl.gz, not {name:?}"
+            ))
+        })
     }
 
     pub fn name(self) -> &'static str {
@@ -167,5 +178,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ShardReader>()?;
     m.add_class::<ShardEncoder>()?;
     m.add_function(wrap_pyfunction!(shard_reader_from_bytes, m)?)?;
+    columnar::register(m)?;
     Ok(())
 }

@@ -1,0 +1,238 @@
+"""Token loading benchmark (issue 16): tokens per second into int tensors, in one run on the
+same records.
+
+Records are documents of token ids (lists of ints, 256 to 2048 long) in msgpack.zstf shards on
+the local directory store. Cases, each at 0 and 2 DataLoader workers (fork), best of --repeat:
+
+- ``dict``: ``load`` with a collate_fn that turns each batch's token lists into one int64
+  tensor (``torch.tensor``) - the record path.
+- ``load_tokens``: packed (batch, seq_len) int64 blocks.
+- ``columns``: ``load(columns=["tokens"])``, padded tensors built in the worker.
+- ``floor``: the same shards (already in memory) decompressed and parsed in Rust with nothing
+  handed to Python (``_native._decode_only``, a benchmark-only helper).
+- ``litdata``: with --peer-python (a Python with litdata, e.g. scripts/peer_env.sh), the same
+  tokens optimized for litdata (untimed) and read with its ``TokensLoader`` blocks of seq_len.
+
+Prints one JSON line per case and a summary of ratios against the dict path.
+Run: .venv/bin/python benchmarks/tokens_loader.py [--records 4000] [--peer-python PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from syvain_training_data import SyvainTrainingData
+
+SHARDS = 16
+SEQ_LEN = 2048
+BATCH = 8
+
+
+def documents(count: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(50_000) for _ in range(rng.randint(256, 2048))] for _ in range(count)]
+
+
+def write_dataset(root: str, docs: list[list[int]]) -> str:
+    client = SyvainTrainingData()
+    uri = f"file://{root}/tokens/data-manifest.json"
+    saver = client.dataset_saver(uri, data_format="msgpack.zstf")
+    per = -(-len(docs) // SHARDS)
+    for shard in range(SHARDS):
+        records = [{"tokens": d} for d in docs[shard * per : (shard + 1) * per]]
+        saver.save("train", None, records, shard_id=f"{shard:03d}")
+    saver.commit_manifest()
+    return uri
+
+
+def flat_tokens(records: list[dict[str, Any]]) -> torch.Tensor:
+    return torch.tensor([t for r in records for t in r["tokens"]], dtype=torch.int64)
+
+
+def timed(make_batches: Any, count_tokens: Any, repeat: int) -> tuple[float, int]:
+    best, tokens = 0.0, 0
+    for _ in range(repeat):
+        start = time.perf_counter()
+        tokens = sum(count_tokens(batch) for batch in make_batches())
+        best = max(best, tokens / (time.perf_counter() - start))
+    return best, tokens
+
+
+def ours(uri: str, workers: int, repeat: int) -> dict[str, tuple[float, int]]:
+    client = SyvainTrainingData()
+    args: dict[str, Any] = {"batch_size": BATCH, "num_workers": workers}
+    if workers:
+        args["multiprocessing_context"] = "fork"
+    records_args = dict(args, batch_size=BATCH * 4)  # about seq_len * BATCH tokens per batch
+    dict_loader = client.split_data_loader(uri, flat_tokens, records_args)
+    tensor_loader = client.split_data_loader(uri, None, records_args)
+    token_loader = client.split_data_loader(uri, None, args)
+    return {
+        "dict": timed(lambda: dict_loader.load("train"), len, repeat),
+        "columns": timed(
+            lambda: tensor_loader.load("train", columns=["tokens"]),
+            lambda b: int(b["tokens_lengths"].sum()),
+            repeat,
+        ),
+        "load_tokens": timed(
+            lambda: token_loader.load_tokens("train", seq_len=SEQ_LEN), torch.numel, repeat
+        ),
+    }
+
+
+def floor(uri: str, total_tokens: int, repeat: int) -> tuple[float, int] | None:
+    """The same shards' bytes decompressed and parsed in Rust, nothing built for Python."""
+    from syvain_training_data import _native
+
+    client = SyvainTrainingData()
+    shards = client.load_manifest(uri).splits["train"].shards
+    data = [Path(shard.uri.removeprefix("file://")).read_bytes() for shard in shards]
+    best = 0.0
+    for _ in range(repeat):
+        start = time.perf_counter()
+        records = sum(_native._decode_only("msgpack.zstf", blob) for blob in data)
+        best = max(best, total_tokens / (time.perf_counter() - start))
+    assert records == sum(shard.records for shard in shards)
+    return best, total_tokens
+
+
+PEER_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, time
+    import torch
+    import litdata
+    from litdata.streaming.item_loader import TokensLoader
+
+    def main():
+        root, docs_file, repeat, workers, seq_len, batch = sys.argv[1:7]
+        repeat, workers, seq_len, batch = int(repeat), int(workers), int(seq_len), int(batch)
+        docs = json.load(open(docs_file))
+        litdata.optimize(fn=convert, inputs=docs, output_dir=root + "/lit",
+                         chunk_size=(seq_len + 1) * 64, item_loader=TokensLoader(),
+                         num_workers=1)
+        best = 0.0
+        for _ in range(repeat):
+            blocks = TokensLoader(block_size=seq_len)
+            dataset = litdata.StreamingDataset(root + "/lit", item_loader=blocks)
+            fork = {"multiprocessing_context": "fork"} if workers else {}
+            loader = litdata.StreamingDataLoader(dataset, batch_size=batch, num_workers=workers,
+                                                 **fork)
+            start = time.perf_counter()
+            tokens = sum(b.numel() for b in loader)
+            best = max(best, tokens / (time.perf_counter() - start))
+        print(json.dumps({"rate": best, "tokens": tokens}))
+
+
+    def convert(document):
+        return torch.tensor(document, dtype=torch.int64)
+
+
+    if __name__ == "__main__":  # litdata's optimize starts processes that import this file
+        main()
+    """
+)
+
+
+def litdata_rate(python: str, docs: list[list[int]], workers: int, repeat: int) -> Any:
+    with tempfile.TemporaryDirectory() as root:
+        Path(f"{root}/docs.json").write_text(json.dumps(docs))
+        Path(f"{root}/peer.py").write_text(PEER_SCRIPT)
+        done = subprocess.run(
+            [
+                python,
+                f"{root}/peer.py",
+                root,
+                f"{root}/docs.json",
+                str(repeat),
+                str(workers),
+                str(SEQ_LEN),
+                str(BATCH),
+            ],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            return {"error": done.stderr.strip().splitlines()[-3:]}
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        return result["rate"], result["tokens"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=4000)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--peer-python")
+    options = parser.parse_args()
+    docs = documents(options.records)
+    total = sum(map(len, docs))
+    print(json.dumps({"records": len(docs), "tokens": total, "shards": SHARDS}))
+    summary: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as root:
+        uri = write_dataset(root, docs)
+        found = floor(uri, total, options.repeat)
+        if found is not None:
+            summary["floor"] = found[0]
+            print(
+                json.dumps({"case": "floor", "tokens_per_s": round(found[0]), "tokens": found[1]})
+            )
+        for workers in (0, 2):
+            for case, (rate, tokens) in ours(uri, workers, options.repeat).items():
+                summary[f"{case}@{workers}"] = rate
+                print(
+                    json.dumps(
+                        {
+                            "case": case,
+                            "workers": workers,
+                            "tokens_per_s": round(rate),
+                            "tokens": tokens,
+                        }
+                    )
+                )
+            if options.peer_python:
+                found_peer = litdata_rate(options.peer_python, docs, workers, options.repeat)
+                if isinstance(found_peer, dict):
+                    print(json.dumps({"case": "litdata", "workers": workers, **found_peer}))
+                else:
+                    summary[f"litdata@{workers}"] = found_peer[0]
+                    print(
+                        json.dumps(
+                            {
+                                "case": "litdata",
+                                "workers": workers,
+                                "tokens_per_s": round(found_peer[0]),
+                                "tokens": found_peer[1],
+                            }
+                        )
+                    )
+    ratios = {}
+    for workers in (0, 2):
+        base = summary[f"dict@{workers}"]
+        for case in ("load_tokens", "columns"):
+            ratios[f"{case}/dict@{workers}"] = round(summary[f"{case}@{workers}"] / base, 2)
+        if f"litdata@{workers}" in summary:
+            ratios[f"load_tokens/litdata@{workers}"] = round(
+                summary[f"load_tokens@{workers}"] / summary[f"litdata@{workers}"], 2
+            )
+        if "floor" in summary:
+            ratios[f"load_tokens/floor@{workers}"] = round(
+                summary[f"load_tokens@{workers}"] / summary["floor"], 2
+            )
+    ratios["load_tokens 2 workers/0 workers"] = round(
+        summary["load_tokens@2"] / summary["load_tokens@0"], 2
+    )
+    print(json.dumps({"summary": ratios}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

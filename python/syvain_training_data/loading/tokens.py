@@ -1,0 +1,433 @@
+"""Sequence packing: ``SplitDataLoader.load_tokens`` (issue 16).
+
+Each consumer (rank, worker) reads its part of the epoch order (the record plan of
+:mod:`~syvain_training_data.loading.plan`), concatenates its records' token lists, with
+``eos_id`` after each when given, and cuts the result into blocks of ``seq_len`` tokens; a batch
+is ``batch_size`` blocks, an int64 tensor of shape (batch, seq_len). Fewer than ``seq_len``
+tokens per consumer are left out of an epoch.
+
+Blocks cut records, so what a consumer consumed does not follow from batch counts: every batch
+travels with its worker's position after it (records of the part wholly consumed, tokens of
+the next), the loader keeps the position of the last batch the training loop received from
+each worker, and ``state_dict`` holds those positions (never tokens).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, get_worker_info
+
+from syvain_training_data._native import ShardBatch
+from syvain_training_data.loading import plan
+from syvain_training_data.loading.dataloader import MAX_INTERRUPTS, STATE_VERSION
+from syvain_training_data.loading.dataset import ShardDataset
+from syvain_training_data.loading.reader import ShardRange, consumer_records
+from syvain_training_data.shard import iter_shard_batches
+
+__all__ = ["TokenDataLoader", "TokenDataset", "TokenPacker", "merge_token_states"]
+
+STATE_KIND = "tokens"
+# (batch, worker, records wholly consumed, tokens of the next record consumed)
+_Tagged = tuple[torch.Tensor, int, int, int]
+
+
+class TokenPacker:
+    """Cuts a stream of token segments into batches of ``batch_size`` blocks of ``seq_len``.
+
+    A segment is (index of its record in the consumer's part, token offset of its first token
+    in the record, tokens). Each batch comes with the position after its last token."""
+
+    def __init__(self, seq_len: int, batch_size: int) -> None:
+        self.seq_len = seq_len
+        self.batch_tokens = seq_len * batch_size
+        # (record, offset, tokens, their count, whether they end the record)
+        self._segments: list[tuple[int, int, torch.Tensor, int, bool]] = []
+        self._held = 0
+
+    def add(
+        self, record: int, offset: int, tokens: torch.Tensor, *, ends_record: bool = True
+    ) -> Iterator[tuple[torch.Tensor, int, int]]:
+        """Adds the tokens of ``record`` from token ``offset`` on; ``ends_record`` says whether
+        they run to the record's end (an ``eos_id`` may follow as a segment of its own)."""
+        count = tokens.shape[0]
+        if count == 0:
+            return
+        self._segments.append((record, offset, tokens, count, ends_record))
+        self._held += count
+        while self._held >= self.batch_tokens:
+            yield self._take(self.batch_tokens)
+
+    def finish(self, drop_last: bool) -> Iterator[tuple[torch.Tensor, int, int]]:
+        """The last, smaller batch of whole blocks (unless ``drop_last``); the rest, fewer than
+        ``seq_len`` tokens, is left out."""
+        blocks = self._held // self.seq_len
+        if blocks and not drop_last:
+            yield self._take(blocks * self.seq_len)
+
+    def _take(self, count: int) -> tuple[torch.Tensor, int, int]:
+        pieces = []
+        left = count
+        while True:
+            record, offset, tokens, length, ends_record = self._segments[0]
+            if length > left:
+                pieces.append(tokens[:left])
+                rest = (record, offset + left, tokens[left:], length - left, ends_record)
+                self._segments[0] = rest
+                position = (record, offset + left)
+                break
+            pieces.append(tokens)
+            left -= length
+            self._segments.pop(0)
+            if left == 0:
+                position = (record + 1, 0) if ends_record else (record, offset + length)
+                break
+        self._held -= count
+        batch = torch.cat(pieces) if len(pieces) > 1 else pieces[0].clone()
+        # Its own storage (cat copies): a view would pin, and send, a whole decoded batch.
+        return batch.view(-1, self.seq_len), *position
+
+
+class TokenDataset(ShardDataset):
+    """A :class:`ShardDataset` whose consumers yield packed token batches, each tagged with the
+    worker and its position after it (the loader strips the tags)."""
+
+    def __init__(
+        self, *args: Any, column: str, seq_len: int, eos_id: int | None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.column = column
+        self.seq_len = seq_len
+        self.eos_id = eos_id
+        self.token_interrupts: tuple[plan.TokenInterrupt, ...] = ()
+
+    def state_dict(self) -> dict[str, Any]:
+        raise TypeError("A token dataset resumes through its loader's state_dict()")
+
+    def load_state_dict(self, state: Any) -> None:
+        raise TypeError("A token dataset resumes through its loader's load_state_dict()")
+
+    def fingerprint(self) -> str:
+        """The selection's digest plus what decides the token stream (``seq_len`` and the batch
+        size may change between runs)."""
+        text = f"{self.selection.fingerprint()}:{STATE_KIND}:{self.column}:{self.eos_id}"
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def __iter__(self) -> Iterator[_Tagged]:
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        epoch, interrupts = self.epoch, self.token_interrupts
+        # A persistent worker's copy advances one epoch per pass, like the loader.
+        self.epoch, self.token_interrupts = epoch + 1, ()
+        return self._batches(epoch, interrupts, worker, workers)
+
+    def _batches(
+        self,
+        epoch: int,
+        interrupts: Sequence[plan.TokenInterrupt],
+        worker: int,
+        workers: int,
+    ) -> Iterator[_Tagged]:
+        length = plan.epoch_length(self.selection, epoch)
+        topology = self.topology(workers)
+        layout, cuts = plan.token_layout(length, interrupts, topology, self.rank)
+        part = layout[self.rank][worker]
+        records = consumer_records(
+            self.selection.orders(epoch),
+            self.stream_shards,
+            self.selection.mixed(epoch),
+            part,
+            self._open,
+        )
+        positions = (p for start, stop in part for p in range(start, stop))
+        packer = TokenPacker(self.seq_len, self.batch_size)
+        eos = None if self.eos_id is None else torch.tensor([self.eos_id], dtype=torch.int64)
+        for index, (position, (tokens, count)) in enumerate(zip(positions, records, strict=True)):
+            start = cuts.get(position, 0)
+            length = count + (eos is not None)
+            if start >= length and start > 0:
+                raise ValueError(
+                    f"The loader state cuts record {position} of epoch {epoch} at token "
+                    f"{start}, but it holds {length}: the data changed since"
+                )
+            if start:
+                tokens = tokens[start:]
+            pieces = packer.add(index, start, tokens, ends_record=eos is None)
+            if eos is not None:
+                pieces = itertools.chain(pieces, packer.add(index, count, eos))
+            for batch, whole, offset in pieces:
+                yield batch, worker, whole, offset
+        for batch, whole, offset in packer.finish(self.drop_last):
+            yield batch, worker, whole, offset
+
+    def _open(self, shard_range: ShardRange) -> Iterator[tuple[torch.Tensor, int]]:
+        """Each record's tokens of a shard range and their count, as int64 tensors sliced from
+        the columnar batches (no Python object per token)."""
+        index, start, stop = shard_range
+        shard = self.table.shard(index)
+        batches = iter_shard_batches(
+            self.data_format,
+            shard,
+            columns=[self.column],
+            storage_config=self.storage_config,
+            start=start,
+            stop=stop,
+        )
+        for batch in batches:
+            offsets, values = self._int_lists(batch, shard.uri)
+            bounds = offsets.tolist()
+            for first, end in zip(bounds, bounds[1:], strict=False):
+                yield values[first:end], end - first
+
+    def _int_lists(self, batch: Any, uri: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(offsets, int64 values) of the token column of a native or pyarrow batch."""
+        try:
+            if isinstance(batch, ShardBatch):
+                offsets, values = batch.int_list_buffers(self.column)
+                return _tensor(offsets, torch.int32), _tensor(values, torch.int64)
+            return _arrow_int_lists(batch.column(self.column))
+        except (KeyError, ValueError, TypeError) as error:
+            raise ValueError(
+                f"The token column {self.column!r} of shard {uri} is not a list of int token "
+                f"ids in every record ({error})"
+            ) from None
+
+
+def _tensor(buffer: Any, dtype: torch.dtype) -> torch.Tensor:
+    if len(buffer) == 0:
+        return torch.empty(0, dtype=dtype)
+    with warnings.catch_warnings():
+        # The buffer is read-only and so is the view: the packer copies what it yields.
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(buffer, dtype=dtype)
+
+
+def _arrow_int_lists(column: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pyarrow list-of-integers array (from a Parquet shard) as (offsets, int64 values)."""
+    import pyarrow as pa
+
+    if not pa.types.is_list(column.type) or column.null_count:
+        raise TypeError(f"{column.type} with {column.null_count} nulls")
+    values = column.values
+    if not (pa.types.is_integer(values.type) or pa.types.is_null(values.type)):
+        raise TypeError(str(column.type))
+    if values.null_count and not pa.types.is_null(values.type):
+        raise TypeError(f"{column.type} with null items")
+    offsets = torch.from_numpy(column.offsets.to_numpy().astype("int64"))
+    flat = values.cast(pa.int64()).to_numpy(zero_copy_only=False)
+    return offsets, torch.from_numpy(flat.astype("int64", copy=False))
+
+
+def _as_is(batch: Any) -> Any:
+    return batch
+
+
+class TokenDataLoader(DataLoader[Any]):
+    """The DataLoader ``load_tokens`` returns: int64 tensors of shape (batch, seq_len). Each
+    pass is the next epoch; ``state_dict`` / ``load_state_dict`` resume exactly on any number of
+    ranks, workers and any batch size (see :func:`merge_token_states` for ranks that are not one
+    torch.distributed group)."""
+
+    dataset: TokenDataset
+
+    def __init__(self, dataset: TokenDataset, **kwargs: Any) -> None:
+        super().__init__(dataset, batch_size=None, collate_fn=_as_is, **kwargs)
+        self._next_epoch = 0
+        self._resume: tuple[plan.TokenInterrupt, ...] = ()
+        self._pass: dict[str, Any] | None = None
+        self._workers_next: tuple[int, tuple[plan.TokenInterrupt, ...]] | None = None
+
+    @property
+    def _topology(self) -> plan.Topology:
+        return self.dataset.topology(self.num_workers)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch of the next pass (a pending resume is dropped)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        self._next_epoch, self._resume = epoch, ()
+
+    def __iter__(self) -> Iterator[torch.Tensor]:  # type: ignore[override]
+        epoch, interrupts = self._next_epoch, self._resume
+        self._next_epoch, self._resume = epoch + 1, ()
+        self.dataset.set_epoch(epoch)
+        self.dataset.token_interrupts = interrupts
+        if self.persistent_workers and self._workers_next != (epoch, interrupts):
+            self._iterator = None  # the workers would run another pass: restart them
+        self._workers_next = (epoch + 1, ())
+        workers = self._topology.workers
+        progress: dict[str, Any] = {
+            "epoch": epoch,
+            "interrupts": interrupts,
+            "positions": [(0, 0)] * workers,
+            "turn": 0,
+            "finished": False,
+        }
+        self._pass = progress
+        return _tracked(super().__iter__(), progress, workers)
+
+    def _rank_entry(self, progress: dict[str, Any]) -> list[int]:
+        flat = [value for position in progress["positions"] for value in position]
+        return [self.dataset.rank, progress["turn"], int(progress["finished"]), *flat]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain JSON data: the epoch and, for each interrupted run of it, its topology and per
+        rank each worker's position. With an initialised torch.distributed group of the
+        loader's world size, every rank must call it (it gathers the ranks' positions);
+        otherwise it holds this rank's, for :func:`merge_token_states`."""
+        progress = self._pass
+        topology = self._topology
+        state: dict[str, Any] = {
+            "version": STATE_VERSION,
+            "kind": STATE_KIND,
+            "selection": self.dataset.fingerprint(),
+        }
+        if progress is None:
+            interrupts = [_interrupt_json(i) for i in self._resume]
+            return {**state, "epoch": self._next_epoch, "interrupts": interrupts}
+        if progress["finished"] and topology.world_size == 1:
+            return {**state, "epoch": progress["epoch"] + 1, "interrupts": []}
+        interrupts = [_interrupt_json(i) for i in progress["interrupts"]]
+        if len(interrupts) >= MAX_INTERRUPTS:
+            raise RuntimeError(
+                f"This epoch was interrupted more than {MAX_INTERRUPTS} times; "
+                "finish it before saving another state"
+            )
+        entries = _gather(self._rank_entry(progress), topology.world_size)
+        now = [topology.world_size, topology.workers, topology.batch_size, int(topology.drop_last)]
+        return {**state, "epoch": progress["epoch"], "interrupts": [*interrupts, [*now, entries]]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Makes the next pass the rest of the epoch ``state`` was taken in, on this loader's
+        topology. Raises ValueError for a state of another version, kind or selection, or one
+        that lacks some rank's positions."""
+        if (
+            not isinstance(state, dict)
+            or state.get("version") != STATE_VERSION
+            or state.get("kind") != STATE_KIND
+        ):
+            raise ValueError("Not a token loader state (state_dict of a load_tokens loader)")
+        if state.get("selection") != self.dataset.fingerprint():
+            raise ValueError(
+                "This loader state was saved for another selection, seed, shuffle, mixing, "
+                "token column or eos_id"
+            )
+        epoch = state["epoch"]
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"Invalid epoch in loader state: {epoch!r}")
+        interrupts = tuple(_interrupt_from_json(i) for i in state["interrupts"])
+        if interrupts and all(interrupts[-1].finished):
+            epoch, interrupts = epoch + 1, ()  # every rank had finished the epoch
+        self._next_epoch, self._resume = epoch, interrupts
+        self._pass = None
+        self._iterator = None
+
+
+def _tracked(
+    batches: Iterator[_Tagged], progress: dict[str, Any], workers: int
+) -> Iterator[torch.Tensor]:
+    # Positions are those of batches the training loop received: batches workers prefetched
+    # but the loop never took are not consumed.
+    positions = list(progress["positions"])
+    progress["positions"] = positions
+    for batch, worker, whole, offset in batches:
+        positions[worker] = (whole, offset)
+        progress["turn"] = (worker + 1) % workers
+        yield batch
+    progress["finished"] = True
+
+
+def _gather(entry: list[int], world_size: int) -> list[list[int]]:
+    distributed = torch.distributed
+    if (
+        world_size > 1
+        and distributed.is_available()
+        and distributed.is_initialized()
+        and distributed.get_world_size() == world_size
+    ):
+        gathered: list[Any] = [None] * world_size
+        distributed.all_gather_object(gathered, entry)
+        return sorted(gathered)
+    return [entry]
+
+
+def _interrupt_json(interrupt: plan.TokenInterrupt) -> list[Any]:
+    t = interrupt.topology
+    entries = [
+        [rank, turn, int(finished), *(value for position in positions for value in position)]
+        for rank, (positions, turn, finished) in enumerate(
+            zip(interrupt.positions, interrupt.turns, interrupt.finished, strict=True)
+        )
+    ]
+    return [t.world_size, t.workers, t.batch_size, int(t.drop_last), entries]
+
+
+def _interrupt_from_json(value: object) -> plan.TokenInterrupt:
+    def is_int(item: object) -> bool:
+        return isinstance(item, int) and not isinstance(item, bool)
+
+    if (
+        not isinstance(value, list)
+        or len(value) != 5
+        or not all(is_int(v) for v in value[:4])
+        or value[3] not in (0, 1)
+        or not isinstance(value[4], list)
+    ):
+        raise ValueError(f"Invalid token loader state entry {value!r}")
+    world, workers, batch, drop, entries = value
+    topology = plan.Topology(world, workers, batch, bool(drop))
+    by_rank: dict[int, list[int]] = {}
+    for entry in entries:
+        if (
+            not isinstance(entry, list)
+            or len(entry) != 3 + 2 * workers
+            or not all(is_int(v) for v in entry)
+        ):
+            raise ValueError(f"Invalid token loader state entry {entry!r}")
+        by_rank[entry[0]] = entry
+    missing = [str(r) for r in range(world) if r not in by_rank]
+    if missing or len(by_rank) != world:
+        raise ValueError(
+            f"This token loader state lacks the positions of rank(s) {', '.join(missing)} of "
+            f"{world}: call state_dict on every rank of a torch.distributed group, or merge "
+            "every rank's state with merge_token_states"
+        )
+    positions = tuple(
+        tuple((by_rank[r][3 + 2 * w], by_rank[r][4 + 2 * w]) for w in range(workers))
+        for r in range(world)
+    )
+    turns = tuple(by_rank[r][1] for r in range(world))
+    finished = tuple(bool(by_rank[r][2]) for r in range(world))
+    return plan.TokenInterrupt(topology, positions, turns, finished)
+
+
+def merge_token_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One state from the ``state_dict()`` of every rank of a token loader whose ranks are not
+    one torch.distributed group (each then holds only its own positions).
+
+    Raises ValueError when the states are of different selections, epochs or runs."""
+    if not states:
+        raise ValueError("merge_token_states needs at least one state")
+    first = states[0]
+    for state in states:
+        if {k: v for k, v in state.items() if k != "interrupts"} != {
+            k: v for k, v in first.items() if k != "interrupts"
+        } or len(state["interrupts"]) != len(first["interrupts"]):
+            raise ValueError("These token loader states come from different runs")
+    if not first["interrupts"]:
+        return dict(first)
+    last = [*first["interrupts"][-1][:4], []]
+    seen: dict[int, list[int]] = {}
+    for state in states:
+        entry = state["interrupts"][-1]
+        if entry[:4] != last[:4] or state["interrupts"][:-1] != first["interrupts"][:-1]:
+            raise ValueError("These token loader states come from different runs")
+        for rank_entry in entry[4]:
+            seen[rank_entry[0]] = rank_entry
+    last[4] = [seen[rank] for rank in sorted(seen)]
+    return {**first, "interrupts": [*first["interrupts"][:-1], last]}

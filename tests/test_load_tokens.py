@@ -1,0 +1,502 @@
+"""`SplitDataLoader.load_tokens`: packing exactness by token id across ranks and workers, and
+resume matrices like the record loader's (real worker processes, the local store and
+SeaweedFS, a real gloo group)."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+from syvain_training_data import SyvainTrainingData  # noqa: E402
+from syvain_training_data.loading import plan  # noqa: E402
+from syvain_training_data.loading.tokens import TokenPacker, merge_token_states  # noqa: E402
+
+FORMATS = ["msgpack.zstf", "jsonl.gz", "parquet"]
+
+
+def make_dataset(client: SyvainTrainingData, root: str, data_format: str) -> tuple[str, list]:
+    """Shards whose records hold unique token ids (0, 1, 2, ... in manifest order), some
+    records empty, some longer than a block. Returns the URI and each record's tokens."""
+    uri = f"{root}/{data_format}/data-manifest.json"
+    saver = client.dataset_saver(uri, data_format=data_format)
+    draw = random.Random(data_format)
+    documents: list[list[int]] = []
+    next_id = 0
+    for shard in range(5):
+        records = []
+        for _ in range(draw.randint(4, 30)):
+            length = draw.choice([0, 1, 3, draw.randint(1, 40), draw.randint(40, 90)])
+            tokens = list(range(next_id, next_id + length))
+            next_id += length
+            documents.append(tokens)
+            records.append({"tokens": tokens, "name": f"doc{len(documents)}"})
+        saver.save("train", None, records, shard_id=f"{shard:03d}")
+    saver.commit_manifest()
+    return uri, documents
+
+
+@pytest.fixture(scope="module")
+def local_sets(tmp_path_factory):
+    client = SyvainTrainingData()
+    root = f"file://{tmp_path_factory.mktemp('tokens')}"
+    return client, {fmt: make_dataset(client, root, fmt) for fmt in FORMATS}
+
+
+def run(client, uri, ranks, workers, batch, seq_len, stop_after=None, *, state=None, **load):
+    """Every rank of a run, each taking ``stop_after`` batches (None: to the end). Returns the
+    batches received per rank and the merged state."""
+    args: dict[str, Any] = {"batch_size": batch, "num_workers": workers}
+    if workers:
+        args["multiprocessing_context"] = load.pop("context", "fork")
+    loader = client.split_data_loader(uri, None, args)
+    received: list[list[Any]] = []
+    states = []
+    for rank in range(ranks):
+        dl = loader.load_tokens("train", seq_len=seq_len, rank=rank, world_size=ranks, **load)
+        if state is not None:
+            dl.load_state_dict(json.loads(json.dumps(state)))  # as a checkpoint file would
+        batches: list[Any] = []
+        iterator = iter(dl)
+        for taken, batch in enumerate(iterator):
+            batches.append(batch)
+            if stop_after is not None and taken + 1 == stop_after:
+                break
+        del iterator
+        states.append(dl.state_dict())
+        received.append(batches)
+    return received, merge_token_states(states)
+
+
+def tokens_of(received: list[list[Any]]) -> list[int]:
+    return [t for batches in received for batch in batches for t in batch.flatten().tolist()]
+
+
+def assert_exactly_once(tokens: list[int], documents: list[list[int]], most_lost: int) -> None:
+    counts = Counter(tokens)
+    assert max(counts.values()) == 1, "a token was yielded twice"
+    total = sum(len(d) for d in documents)
+    assert set(counts) <= set(range(total))
+    assert total - len(counts) <= most_lost
+
+
+@pytest.mark.parametrize("data_format", FORMATS)
+@pytest.mark.parametrize("ranks,workers", [(1, 0), (2, 2), (3, 1)])
+def test_blocks_are_record_tokens_in_epoch_order(local_sets, data_format, ranks, workers):
+    client, (uri, documents) = local_sets[0], local_sets[1][data_format]
+    seq_len, batch = 16, 3
+    received, _ = run(client, uri, ranks, workers, batch, seq_len)
+    for batches in received:
+        for b in batches:
+            assert b.dtype == torch.int64 and b.dim() == 2 and b.shape[1] == seq_len
+            assert 1 <= b.shape[0] <= batch
+    consumers = ranks * max(workers, 1)
+    assert_exactly_once(tokens_of(received), documents, consumers * (seq_len - 1))
+    # Without a seed, a consumer's blocks continue one another: within each block, ids that
+    # are not consecutive are a record boundary (the next non-empty record of the epoch).
+    starts = {d[0] for d in documents if d}
+    for batches in received:
+        for block in (row for b in batches for row in b.tolist()):
+            for before, after in zip(block, block[1:], strict=False):
+                assert after == before + 1 or after in starts
+
+
+def test_eos_after_every_record_and_collate_fn_is_not_needed(local_sets):
+    client, (uri, documents) = local_sets[0], local_sets[1]["msgpack.zstf"]
+    eos = -1
+    loader = client.split_data_loader(uri, None, {"batch_size": 2}).load_tokens(
+        "train", seq_len=8, eos_id=eos
+    )
+    flat = [t for b in loader for t in b.flatten().tolist()]
+    expected = [t for d in documents for t in [*d, eos]]
+    assert flat == expected[: len(flat)]
+    assert len(expected) - len(flat) < 8
+
+
+def test_drop_last_and_shuffle(local_sets):
+    client, (uri, documents) = local_sets[0], local_sets[1]["jsonl.gz"]
+    total = sum(len(d) for d in documents)
+    args = {"batch_size": 4, "drop_last": True}
+    loader = client.split_data_loader(uri, None, args)
+    shuffled = loader.load_tokens("train", seq_len=10, seed=7, shuffle_buffer=3)
+    first = [b.flatten().tolist() for b in shuffled]
+    again = [b.flatten().tolist() for b in loader.load_tokens("train", seq_len=10, seed=7)]
+    assert all(len(b) == 40 for b in first)
+    assert total - sum(map(len, first)) < 4 * 10
+    assert first != [t for t in range(len(first) * 40)]  # shuffled
+    assert [t for b in first for t in b] != [t for b in again for t in b]  # window matters
+    twice = [
+        b.flatten().tolist()
+        for b in loader.load_tokens("train", seq_len=10, seed=7, shuffle_buffer=3)
+    ]
+    assert twice == first
+
+
+# (ranks, workers, batch, seq_len, k) -> (ranks, workers, batch, seq_len) to the end.
+MATRIX = [
+    ((2, 2, 3, 8, 2), (3, 1, 2, 8)),
+    ((1, 2, 2, 16, 3), (4, 0, 1, 5)),
+    ((3, 0, 1, 12, 4), (1, 2, 4, 12)),
+    ((2, 1, 4, 4, 5), (5, 2, 3, 9)),
+]
+
+
+@pytest.mark.parametrize("data_format", ["msgpack.zstf", "jsonl.gz"])
+@pytest.mark.parametrize("before,after", MATRIX)
+def test_resume_on_another_topology_yields_each_token_once(local_sets, data_format, before, after):
+    client, (uri, documents) = local_sets[0], local_sets[1][data_format]
+    ranks, workers, batch, seq_len, k = before
+    first, state = run(client, uri, ranks, workers, batch, seq_len, k, seed=11)
+    assert len(json.dumps(state)) < 4096
+    ranks2, workers2, batch2, seq_len2 = after
+    second, _ = run(client, uri, ranks2, workers2, batch2, seq_len2, state=state, seed=11)
+    consumers = ranks * max(workers, 1) + ranks2 * max(workers2, 1)
+    most_lost = consumers * (max(seq_len, seq_len2) - 1)
+    assert_exactly_once(tokens_of(first) + tokens_of(second), documents, most_lost)
+
+
+def test_resume_of_a_resumed_run(local_sets):
+    client, (uri, documents) = local_sets[0], local_sets[1]["msgpack.zstf"]
+    a, state = run(client, uri, 3, 1, 2, 8, 2, seed=4)
+    b, state = run(client, uri, 2, 2, 1, 6, 3, state=state, seed=4)
+    c, _ = run(client, uri, 1, 2, 5, 9, state=state, seed=4)
+    assert_exactly_once(tokens_of(a) + tokens_of(b) + tokens_of(c), documents, 9 * 8)
+
+
+@pytest.mark.parametrize("ranks,workers,batch,seq_len,k", [(1, 2, 3, 8, 5), (1, 0, 2, 7, 3)])
+def test_same_topology_resume_is_the_uninterrupted_stream(
+    local_sets, ranks, workers, batch, seq_len, k
+):
+    client, (uri, _) = local_sets[0], local_sets[1]["msgpack.zstf"]
+    full, _ = run(client, uri, ranks, workers, batch, seq_len, seed=3)
+    head, state = run(client, uri, ranks, workers, batch, seq_len, k, seed=3)
+    rest, _ = run(client, uri, ranks, workers, batch, seq_len, state=state, seed=3)
+    assert [b.tolist() for b in head[0] + rest[0]] == [b.tolist() for b in full[0]]
+
+
+def test_a_finished_epoch_resumes_at_the_next(local_sets):
+    client, (uri, _) = local_sets[0], local_sets[1]["msgpack.zstf"]
+    finished, state = run(client, uri, 2, 1, 2, 8, seed=1)
+    assert state["epoch"] == 0 and all(entry[2] == 1 for entry in state["interrupts"][-1][4])
+    resumed, state = run(client, uri, 1, 0, 2, 8, 1, state=state, seed=1)
+    assert state["epoch"] == 1
+
+
+def test_state_errors(local_sets):
+    client, (uri, _) = local_sets[0], local_sets[1]["msgpack.zstf"]
+    loader = client.split_data_loader(uri, None, {"batch_size": 2})
+    _, state = run(client, uri, 2, 0, 2, 8, 1)
+    dl = loader.load_tokens("train", seq_len=8)
+    alone = dict(state, interrupts=[[*state["interrupts"][0][:4], state["interrupts"][0][4][:1]]])
+    with pytest.raises(ValueError, match=r"lacks the positions of rank\(s\) 1 of 2"):
+        dl.load_state_dict(alone)
+    with pytest.raises(ValueError, match="another selection"):
+        loader.load_tokens("train", seq_len=8, seed=1).load_state_dict(state)
+    with pytest.raises(ValueError, match="another selection"):
+        loader.load_tokens("train", seq_len=8, eos_id=0).load_state_dict(state)
+    with pytest.raises(ValueError, match="Not a token loader state"):
+        dl.load_state_dict(loader.load("train").state_dict())
+    with pytest.raises(ValueError, match="This is a tokens loader state, not a record"):
+        loader.load("train").load_state_dict(state)
+    other, _ = run(client, uri, 2, 0, 2, 8, 2, seed=1)
+    with pytest.raises(ValueError, match="different runs"):
+        merge_token_states([state, run(client, uri, 2, 0, 2, 8, 1, seed=1)[1]])
+    with pytest.raises(ValueError, match="seq_len must be at least 1"):
+        loader.load_tokens("train", seq_len=0)
+
+
+def test_records_without_int_token_lists_name_the_shard(tmp_path):
+    client = SyvainTrainingData()
+    uri = f"file://{tmp_path}/m.json"
+    saver = client.dataset_saver(uri, data_format="msgpack.zstf")
+    saver.save("train", None, [{"tokens": [1, 2]}, {"text": "no tokens"}])
+    saver.commit_manifest()
+    loader = client.split_data_loader(uri, None, {"batch_size": 1})
+    with pytest.raises(ValueError, match="token column 'tokens' of shard .* is not a list of int"):
+        list(loader.load_tokens("train", seq_len=2))
+    saver = client.dataset_saver(f"file://{tmp_path}/n.json", data_format="msgpack.zstf")
+    saver.save("train", None, [{"tokens": ["a", "b"]}])
+    saver.commit_manifest()
+    loader = client.split_data_loader(f"file://{tmp_path}/n.json", None, {})
+    with pytest.raises(ValueError, match="is not a list of int token ids in every record"):
+        list(loader.load_tokens("train", seq_len=2))
+
+
+def test_mixing_and_infinite_iter(tmp_path):
+    client = SyvainTrainingData()
+    uri = f"file://{tmp_path}/m.json"
+    saver = client.dataset_saver(uri, data_format="msgpack.zstf")
+    for stage, base in (("a", 0), ("b", 10_000)):
+        records = [{"tokens": [base + 10 * i + j for j in range(10)]} for i in range(60)]
+        saver.save("train", stage, records)
+    saver.commit_manifest()
+    loader = client.split_data_loader(uri, None, {"batch_size": 2})
+    mixed = loader.load_tokens(
+        "train", seq_len=10, mixing_weights={"a": 3, "b": 1}, mixing_stop="all_exhausted"
+    )
+    tokens = [t for b in mixed for t in b.flatten().tolist()]
+    assert Counter(tokens) == Counter([*range(600), *range(10_000, 10_600)])
+    head = tokens[:400]
+    assert abs(sum(t < 10_000 for t in head) - 300) <= 20
+    endless = loader.load_tokens("train", curriculum_stage="a", seq_len=10, infinite_iter=True)
+    firsts = [next(endless) for _ in range(31)]
+    assert firsts[30].tolist() == firsts[0].tolist()  # 30 batches per epoch, then epoch 1
+
+
+def test_resume_over_seaweedfs_with_spawned_workers(seaweed, s3_bucket, monkeypatch):
+    client = SyvainTrainingData(
+        s3_base_url=seaweed.endpoint,
+        region=seaweed.region,
+        access_key_id=seaweed.access_key_id,
+        secret_access_key=seaweed.secret_access_key,
+    )
+    # Spawned workers build their storage from the environment (no secret is pickled).
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", seaweed.access_key_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", seaweed.secret_access_key)
+    uri, documents = make_dataset(client, f"s3://{s3_bucket}/tokens-{uuid.uuid4().hex}", "jsonl.gz")
+    first, state = run(client, uri, 2, 2, 2, 8, 2, seed=5, context="spawn")
+    second, _ = run(client, uri, 3, 2, 3, 8, state=state, seed=5, context="spawn")
+    assert_exactly_once(tokens_of(first) + tokens_of(second), documents, 10 * 7)
+
+
+GLOO_RANK = """
+import json, sys
+import torch.distributed as dist
+from syvain_training_data import SyvainTrainingData
+rank, init, uri, out, phase = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+loader = SyvainTrainingData().split_data_loader(uri, None, {"batch_size": 2})
+dl = loader.load_tokens("train", seq_len=8, seed=2)
+if phase == "first":
+    it = iter(dl)
+    tokens = [t for _ in range(2) for t in next(it).flatten().tolist()]
+    state = dl.state_dict()  # a collective: every rank's positions
+else:
+    state = json.load(open(phase))
+    dl = SyvainTrainingData().split_data_loader(uri, None, {"batch_size": 2}).load_tokens(
+        "train", seq_len=8, seed=2, rank=rank, world_size=3
+    )
+    dl.load_state_dict(state)
+    tokens = [t for b in dl for t in b.flatten().tolist()]
+json.dump({"tokens": tokens, "state": state}, open(out, "w"))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_a_gloo_group_gathers_every_rank_position(local_sets, tmp_path):
+    client, (uri, documents) = local_sets[0], local_sets[1]["msgpack.zstf"]
+    init = f"file://{tmp_path}/rendezvous"
+    outs = [tmp_path / f"rank{rank}.json" for rank in range(2)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", GLOO_RANK, str(r), init, uri, str(out), "first"])
+        for r, out in enumerate(outs)
+    ]
+    assert [proc.wait(timeout=120) for proc in procs] == [0, 0]
+    results = [json.loads(out.read_text()) for out in outs]
+    assert results[0]["state"] == results[1]["state"]
+    state = results[0]["state"]
+    assert [entry[0] for entry in state["interrupts"][-1][4]] == [0, 1]
+    # The gathered state alone resumes a 3-rank run (no process group needed to load).
+    rest, _ = run(client, uri, 3, 0, 2, 8, state=state, seed=2)
+    first = [t for result in results for t in result["tokens"]]
+    assert_exactly_once(first + tokens_of(rest), documents, 5 * 7)
+
+
+def test_packer_positions_follow_the_tokens():
+    packer = TokenPacker(seq_len=3, batch_size=2)
+    out = list(packer.add(0, 0, torch.arange(4)))
+    assert out == []
+    ((batch, whole, offset),) = packer.add(1, 2, torch.arange(10, 14))
+    assert batch.tolist() == [[0, 1, 2], [3, 10, 11]] and (whole, offset) == (1, 4)
+    assert list(packer.add(2, 0, torch.tensor([20]))) == []
+    ((last, whole, offset),) = packer.finish(drop_last=False)
+    assert last.tolist() == [[12, 13, 20]] and (whole, offset) == (3, 0)
+    assert list(TokenPacker(3, 2).finish(drop_last=False)) == []
+    dropped = TokenPacker(3, 2)
+    assert list(dropped.add(0, 0, torch.arange(5))) == []
+    assert list(dropped.finish(drop_last=True)) == []
+
+
+def test_token_layout_cuts_carry_through_a_chain():
+    # A 1-consumer run stopped inside record 4 at token 7 leaves the rest of record 4 first.
+    one = plan.Topology(1, 1, 1, False)
+    stop = plan.TokenInterrupt(one, (((4, 7),),), (0,), (False,))
+    layout, cuts = plan.token_layout(10, [stop], plan.Topology(2, 1, 1, False))
+    assert layout[0][0] == [(4, 7)] and layout[1][0] == [(7, 10)] and cuts == {4: 7}
+    again = plan.TokenInterrupt(
+        plan.Topology(2, 1, 1, False), (((0, 9),), ((1, 0),)), (0, 0), (False, False)
+    )
+    layout, cuts = plan.token_layout(10, [stop, again], one)
+    assert layout[0][0] == [(4, 7), (8, 10)] and cuts == {4: 9}
+    with pytest.raises(ValueError, match="went back inside record 4"):
+        bad = plan.TokenInterrupt(
+            plan.Topology(2, 1, 1, False), (((0, 3),), ((0, 0),)), (0, 0), (False, False)
+        )
+        plan.token_layout(10, [stop, bad], one)
+
+
+# --- the token plan alone, over random data and topologies (no I/O) ------------------------
+
+
+def simulate_consumer(lengths, part, cuts, seq_len, batch, drop_last, first_id):
+    """What TokenDataset yields for one consumer: (tokens per batch, position after it)."""
+    packer = TokenPacker(seq_len, batch)
+    out = []
+    positions = [p for start, stop in part for p in range(start, stop)]
+    for index, position in enumerate(positions):
+        tokens = torch.arange(first_id[position], first_id[position] + lengths[position])
+        start = cuts.get(position, 0)
+        for b, whole, offset in packer.add(index, start, tokens[start:]):
+            out.append((b.flatten().tolist(), (whole, offset)))
+    for b, whole, offset in packer.finish(drop_last):
+        out.append((b.flatten().tolist(), (whole, offset)))
+    return out
+
+
+def simulate_run(lengths, interrupts, topology, seq_len, taken_per_rank):
+    """One run: every rank takes ``taken_per_rank`` batches (None: all) in torch's in-order
+    round robin. Returns (tokens received, the interrupt, streams per rank)."""
+    first_id = [0]
+    for n in lengths:
+        first_id.append(first_id[-1] + n)
+    layout, cuts = plan.token_layout(len(lengths), interrupts, topology)
+    tokens, positions, turns, finished, streams = [], [], [], [], []
+    for rank in range(topology.world_size):
+        outs = [
+            simulate_consumer(
+                lengths,
+                layout[rank][w],
+                cuts,
+                seq_len,
+                topology.batch_size,
+                topology.drop_last,
+                first_id,
+            )
+            for w in range(topology.workers)
+        ]
+        counts = [len(o) for o in outs]
+        limit = sum(counts) if taken_per_rank is None else min(taken_per_rank, sum(counts))
+        taken = [0] * topology.workers
+        turn, stream, w = 0, [], 0
+        while len(stream) < limit:
+            if taken[w] < counts[w]:
+                stream.append(outs[w][taken[w]][0])
+                taken[w] += 1
+                turn = (w + 1) % topology.workers
+            w = (w + 1) % topology.workers
+        tokens += [t for b in stream for t in b]
+        positions.append(
+            tuple(outs[w][taken[w] - 1][1] if taken[w] else (0, 0) for w in range(topology.workers))
+        )
+        turns.append(turn)
+        finished.append(limit == sum(counts))
+        streams.append(stream)
+    interrupt = plan.TokenInterrupt(topology, tuple(positions), tuple(turns), tuple(finished))
+    return tokens, interrupt, streams
+
+
+token_topology = st.builds(
+    plan.Topology,
+    world_size=st.integers(1, 6),
+    workers=st.integers(1, 4),
+    batch_size=st.integers(1, 4),
+    drop_last=st.booleans(),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 30), min_size=1, max_size=40),
+    runs=st.lists(st.tuples(token_topology, st.integers(0, 6)), min_size=1, max_size=3),
+    last=token_topology,
+    seq_len=st.integers(1, 12),
+    repeat=st.booleans(),
+)
+def test_token_chains_yield_each_token_once(lengths, runs, last, seq_len, repeat):
+    if repeat:
+        last = runs[-1][0]
+    interrupts: list[plan.TokenInterrupt] = []
+    received: list[int] = []
+    consumers = 0
+    for topology, taken in runs:
+        tokens, interrupt, _ = simulate_run(lengths, interrupts, topology, seq_len, taken)
+        received += tokens
+        interrupts.append(interrupt)
+    tokens, _, _ = simulate_run(lengths, interrupts, last, seq_len, None)
+    received += tokens
+    consumers = sum(t.world_size * t.workers for t, _ in runs) + last.world_size * last.workers
+    counts = Counter(received)
+    assert not counts or max(counts.values()) == 1
+    # Each consumer of each run leaves out fewer than seq_len tokens, or a smaller last batch
+    # with drop_last (fewer than batch_size blocks).
+    slack = max(t.batch_size for t, _ in [*runs, (last, 0)]) * seq_len
+    assert sum(lengths) - len(counts) <= consumers * slack
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 30), min_size=1, max_size=40),
+    topology=token_topology,
+    seq_len=st.integers(1, 12),
+    taken=st.integers(0, 8),
+)
+def test_same_topology_token_resume_is_the_uninterrupted_stream(lengths, topology, seq_len, taken):
+    _, _, whole = simulate_run(lengths, [], topology, seq_len, None)
+    _, interrupt, head = simulate_run(lengths, [], topology, seq_len, taken)
+    _, _, tail = simulate_run(lengths, [interrupt], topology, seq_len, None)
+    for rank in range(topology.world_size):
+        assert head[rank] + tail[rank] == whole[rank]
+
+
+# --- tensor batches: load(columns=...) ----------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_columns_become_tensor_batches(tmp_path, workers):
+    client = SyvainTrainingData()
+    uri = f"file://{tmp_path}/m.json"
+    saver = client.dataset_saver(uri, data_format="jsonl.gz")
+    records = [
+        {"tokens": list(range(i % 5)), "label": i, "score": i / 2, "ok": i % 2 == 0, "text": str(i)}
+        for i in range(30)
+    ]
+    saver.save("train", None, records)
+    saver.commit_manifest()
+    args = {"batch_size": 4, "num_workers": workers}
+    loader = client.split_data_loader(uri, None, args)
+    batches = list(
+        loader.load("train", columns=["tokens", "label", "score", "ok", "text"], pad_value=-1)
+    )
+    assert len(batches) == 8
+    labels = []
+    for batch in batches:
+        assert set(batch) == {"tokens", "tokens_lengths", "label", "score", "ok", "text"}
+        assert batch["label"].dtype == torch.int64 and batch["score"].dtype == torch.float32
+        assert batch["ok"].dtype == torch.bool and isinstance(batch["text"], list)
+        for row, length, label in zip(
+            batch["tokens"].tolist(),
+            batch["tokens_lengths"].tolist(),
+            batch["label"].tolist(),
+            strict=True,
+        ):
+            assert row[:length] == list(range(label % 5))
+            assert set(row[length:]) <= {-1}
+        labels += batch["label"].tolist()
+    assert sorted(labels) == list(range(30))
+    with pytest.raises(ValueError, match="Pass collate_fn=None"):
+        client.split_data_loader(uri, list, {}).load("train", columns=["label"])
+    with pytest.raises(ValueError, match="no column 'missing'"):
+        list(loader.load("train", columns=["missing"]))
+    with pytest.raises(ValueError, match="would collide"):
+        loader.load("train", columns=["tokens", "tokens_lengths"])
