@@ -176,7 +176,9 @@ def test_crash_and_restart_publishes_the_uninterrupted_manifest(store_root, tmp_
     assert manifest.splits["train"].curriculum["hard"].metadata == {"stage": "hard", "weight": 4}
 
 
-def test_ray_tasks_publish_through_the_pickled_saver(seaweed, s3_bucket, unique_prefix) -> None:
+def test_ray_tasks_publish_through_the_pickled_saver(
+    seaweed, s3_bucket, unique_prefix, monkeypatch
+) -> None:
     ray = pytest.importorskip("ray")
     config = StorageConfig.create(
         s3_base_url=seaweed.endpoint,
@@ -189,14 +191,11 @@ def test_ray_tasks_publish_through_the_pickled_saver(seaweed, s3_bucket, unique_
         data_format="jsonl.gz",
         storage_config=config,
     )
-    # The pickled saver holds no secret: the workers take it from their environment.
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-        runtime_env={"env_vars": seaweed.env()},
-    )
+    # The pickled saver holds no secret: the workers take it from the environment they inherit
+    # (not from runtime_env, which Ray writes to its log files).
+    for name, value in seaweed.env().items():
+        monkeypatch.setenv(name, value)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
 
         @ray.remote
