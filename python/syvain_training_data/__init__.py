@@ -18,7 +18,7 @@ from syvain_training_data.manifest import (
     ManifestShard,
 )
 from syvain_training_data.saver import DatasetSaver
-from syvain_training_data.shard import iter_shard
+from syvain_training_data.shard import iter_shard, iter_shard_batches
 from syvain_training_data.storage import StorageConfig
 
 if TYPE_CHECKING:
@@ -45,6 +45,7 @@ __all__ = [
     "StorageRetryExhaustedError",
     "SyvainTrainingData",
     "iter_shard",
+    "iter_shard_batches",
 ]
 
 _LAZY = {
