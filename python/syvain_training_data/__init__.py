@@ -22,7 +22,7 @@ from syvain_training_data.manifest import (
     ManifestShard,
 )
 from syvain_training_data.publish import DatasetSaver
-from syvain_training_data.shard import iter_shard
+from syvain_training_data.shard import iter_shard, iter_shard_batches
 from syvain_training_data.storage import StorageConfig
 
 if TYPE_CHECKING:
@@ -53,6 +53,7 @@ __all__ = [
     "SyvainError",
     "SyvainTrainingData",
     "iter_shard",
+    "iter_shard_batches",
 ]
 
 _LAZY = {

@@ -300,9 +300,11 @@ fn push_json_value(
         _ => {
             let value = match jiter.known_number(peek)? {
                 NumberAny::Int(NumberInt::Int(i)) => Leaf::Int(i),
-                NumberAny::Int(NumberInt::BigInt(big)) => {
-                    return Err(JsonFailure::Build(out_of_range(column, big)))
-                }
+                // jiter gives -2**63 as a big integer.
+                NumberAny::Int(NumberInt::BigInt(big)) => match i64::try_from(&big) {
+                    Ok(i) => Leaf::Int(i),
+                    Err(_) => return Err(JsonFailure::Build(out_of_range(column, big))),
+                },
                 NumberAny::Float(f) => Leaf::Float(f),
             };
             column.push_leaf(value, bytes)?;
