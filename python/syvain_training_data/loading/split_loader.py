@@ -204,6 +204,7 @@ class SplitDataLoader:
         stateful: bool = False,
         mixing_weights: Mapping[str, float] | str | None = None,
         mixing_stop: str = "first_exhausted",
+        log_stats_every: float | None = None,
     ) -> Any:
         """A DataLoader over ``split`` (or one stage, or a union of stages kept in stage order
         without repeated shard URIs); with ``infinite_iter``, an endless iterator of batches.
@@ -230,6 +231,9 @@ class SplitDataLoader:
           mixing_stop: "first_exhausted" (default): the epoch ends where the first stage runs
             out, so the proportions hold throughout; "all_exhausted": exhausted stages leave
             the mix and every record is read once per epoch.
+          log_stats_every: every this many seconds, log the loader's ``stats().summary()``
+            (logger ``syvain_training_data.loading.stats``, INFO); the DataLoader's
+            ``stats()`` returns the counters at any time.
           stateful: kept for compatibility; every loader this returns has ``state_dict()`` /
             ``load_state_dict()`` (torchdata's protocol), resuming exactly on any number of
             ranks, workers and any batch size.
@@ -304,7 +308,9 @@ class SplitDataLoader:
             batch_size=1 if batch_size is None else batch_size,
             drop_last=drop_last,
         )
-        loader = SyvainDataLoader(dataset, collate_fn=self.collate_fn, **args)
+        loader = SyvainDataLoader(
+            dataset, collate_fn=self.collate_fn, log_stats_every=log_stats_every, **args
+        )
         if infinite_iter:
             return endless(loader, split)
         return loader

@@ -1,0 +1,257 @@
+"""Where the loader's time goes: counters of its consumers and of the training loop.
+
+Each consumer (the main process without workers, else each DataLoader worker) counts the
+records it reads, the shard ranges it opens, the seconds from opening a range to its first
+record, and, through the native ``StreamCounters`` entered around each open, the bytes its
+streams received and their retries by cause. It writes them, every 1024 records and at each
+range's end, into its own row of a small shared-memory array that the loader creates before any
+worker starts (inherited on fork, handed over while spawning), so the main process sums every
+consumer's row without a message and without touching the batches. The main process adds the
+batches the training loop received and the seconds it waited in ``next()`` for them.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.context
+import multiprocessing.sharedctypes
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+from syvain_training_data import _native
+
+__all__ = ["RETRY_CAUSES", "ConsumerSlots", "LoaderStats", "StatsClock"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# The native StreamCounters' causes, in its order.
+RETRY_CAUSES: Final = ("connection", "timeout", "status", "ended_early", "other")
+_RECORDS, _BYTES, _OPENS, _FIRSTS, _FIRST_SUM, _FIRST_MAX = range(6)
+_FIELDS: Final = 6 + len(RETRY_CAUSES)
+# Records between two writes of a consumer's row (a power of two: a mask tests it).
+_PUBLISH_EVERY: Final = 1024
+
+
+@dataclass(frozen=True)
+class LoaderStats:
+    """A snapshot of a loader's counters, summed over its consumers (main process and
+    workers), since the loader was created.
+
+    Attributes:
+        records: records the consumers read from shards (batches prefetched but not yet
+            received included).
+        bytes: bytes the consumers' streams received from the store (a full read: the shards'
+            ``size_bytes``; file:// parquet shards, read in place by pyarrow, add none).
+        shard_opens: shard record ranges opened (one per shard for an unshuffled full read by
+            one consumer; a shuffled read opens one per window).
+        first_record_mean_s, first_record_max_s: seconds from opening a range to its first
+            record (request, first bytes, decoding), over the ranges that yielded one.
+        retries: transient failures the streams retried, by cause: ``connection`` (refused,
+            reset or dropped), ``timeout``, ``status`` (5xx, throttling), ``ended_early`` (a
+            body shorter than the object), ``other``.
+        batches: batches the training loop received.
+        waited_s: seconds the training loop spent waiting for them (in ``next()``, worker
+            start included).
+        first_batch_s: seconds from the start of the latest pass to its first batch (None
+            before any batch).
+        elapsed_s: seconds since the loader's first pass started.
+        workers: DataLoader worker processes (0: the main process reads).
+    """
+
+    records: int
+    bytes: int
+    shard_opens: int
+    first_record_mean_s: float
+    first_record_max_s: float
+    retries: Mapping[str, int]
+    batches: int
+    waited_s: float
+    first_batch_s: float | None
+    elapsed_s: float
+    workers: int
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def megabytes_per_s(self) -> float:
+        return self.bytes / 1e6 / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def summary(self) -> str:
+        """One line of numbers (no URI, no credential): what the periodic log prints."""
+        waited = 100.0 * self.waited_s / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        first = "-" if self.first_batch_s is None else f"{self.first_batch_s:.3f} s"
+        retries = sum(self.retries.values())
+        causes = ", ".join(f"{cause} {n}" for cause, n in self.retries.items() if n)
+        return (
+            f"loader: {self.records:,} records ({self.records_per_s:,.0f}/s), "
+            f"{self.bytes / 1e6:,.1f} MB ({self.megabytes_per_s:,.1f} MB/s), "
+            f"{self.batches:,} batches, waited {self.waited_s:.2f} s of {self.elapsed_s:.2f} s "
+            f"({waited:.0f}%), first batch {first}, {self.shard_opens:,} shard opens "
+            f"(first record mean {self.first_record_mean_s:.3f} s, max "
+            f"{self.first_record_max_s:.3f} s), {retries} retries"
+            + (f" ({causes})" if causes else "")
+            + f", {self.workers} workers"
+        )
+
+
+class ConsumerSlots:
+    """One row of float64 counters per consumer, in shared memory (exact for integers below
+    2**53). Pickled while spawning a worker, the worker gets the same memory; pickled any other
+    way (a copy of the dataset), the copy counts in fresh rows of its own."""
+
+    def __init__(self, consumers: int, array: Any = None) -> None:
+        self.consumers = max(consumers, 1)
+        self._array = (
+            multiprocessing.sharedctypes.RawArray("d", self.consumers * _FIELDS)
+            if array is None
+            else array
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if multiprocessing.context.get_spawning_popen() is None:
+            return (ConsumerSlots, (self.consumers,))
+        return (ConsumerSlots, (self.consumers, self._array))
+
+    def row(self, consumer: int) -> list[float]:
+        start = consumer * _FIELDS
+        return list(self._array[start : start + _FIELDS])
+
+    def write(self, consumer: int, values: list[float]) -> None:
+        start = consumer * _FIELDS
+        self._array[start : start + _FIELDS] = values
+
+    def consumer(self, index: int) -> ConsumerCounters:
+        """The counters of consumer ``index`` (a worker id; 0 in the main process) for one
+        pass, continuing what its row holds."""
+        return ConsumerCounters(self, index % self.consumers)
+
+    def totals(self) -> list[float]:
+        rows = [self.row(i) for i in range(self.consumers)]
+        totals = [sum(column) for column in zip(*rows, strict=True)]
+        totals[_FIRST_MAX] = max(row[_FIRST_MAX] for row in rows)
+        return totals
+
+
+class ConsumerCounters:
+    """One consumer's counters during one pass. Ranges are opened from the reader's prefetch
+    thread too, so every update holds a lock; they happen per range and per 1024 records."""
+
+    def __init__(self, slots: ConsumerSlots, index: int) -> None:
+        self._slots = slots
+        self._index = index
+        self._start = slots.row(index)
+        self._values = list(self._start)
+        self._streams = _native.StreamCounters()
+        self._lock = threading.Lock()
+
+    def watch(self, records: Iterator[T]) -> Iterator[T]:
+        """``records`` (one shard range, opened by its first ``next``), counted."""
+        started = time.perf_counter()
+        with self._lock:
+            self._values[_OPENS] += 1
+        try:
+            with self._streams:  # the streams this open starts count here
+                first = next(records, _END)
+        except BaseException:
+            self._add(0, None)  # the retries before the failure
+            raise
+        if first is _END:
+            self._add(0, None)
+            return
+        self._add(1, time.perf_counter() - started)
+        reported = count = 1
+        try:
+            yield first  # type: ignore[misc]
+            for count, record in enumerate(records, 2):
+                if not count & (_PUBLISH_EVERY - 1):
+                    self._add(count - reported, None)
+                    reported = count
+                yield record
+        finally:
+            self._add(count - reported, None)
+
+    def _add(self, records: int, first_record_s: float | None) -> None:
+        with self._lock:
+            values = self._values
+            values[_RECORDS] += records
+            if first_record_s is not None:
+                values[_FIRSTS] += 1
+                values[_FIRST_SUM] += first_record_s
+                values[_FIRST_MAX] = max(values[_FIRST_MAX], first_record_s)
+            values[_BYTES] = self._start[_BYTES] + self._streams.bytes
+            retries = self._streams.retries
+            for offset, cause in enumerate(RETRY_CAUSES, _FIRST_MAX + 1):
+                values[offset] = self._start[offset] + retries[cause]
+            self._slots.write(self._index, values)
+
+
+_END: Final = object()
+
+
+class StatsClock:
+    """The main process's side: batches the training loop received and the seconds it waited
+    for them; logs the summary every ``log_every`` seconds when set."""
+
+    def __init__(self, slots: ConsumerSlots, workers: int, log_every: float | None) -> None:
+        if log_every is not None and not (
+            isinstance(log_every, int | float) and not isinstance(log_every, bool) and log_every > 0
+        ):
+            raise ValueError(f"log_stats_every must be a positive number, got {log_every!r}")
+        self._slots = slots
+        self._workers = workers
+        self._log_every = log_every
+        self._first_pass: float | None = None
+        self._logged = 0.0
+        self.batches = 0
+        self.waited_s = 0.0
+        self.first_batch_s: float | None = None
+
+    def timed(self, batches: Iterator[T], pass_started: float) -> Iterator[T]:
+        """``batches`` with the wait for each counted (``pass_started``: when the pass began,
+        so that the first wait includes starting the workers)."""
+        if self._first_pass is None:
+            self._first_pass = self._logged = pass_started
+        asked, first = pass_started, True
+        while True:
+            batch = next(batches, _END)
+            now = time.perf_counter()
+            self.waited_s += now - asked
+            if batch is _END:
+                return
+            self.batches += 1
+            if first:
+                first, self.first_batch_s = False, now - pass_started
+            if self._log_every is not None and now - self._logged >= self._log_every:
+                self._logged = now
+                log.info("%s", self.snapshot(now).summary())
+            yield batch  # type: ignore[misc]
+            asked = time.perf_counter()
+
+    def snapshot(self, now: float | None = None) -> LoaderStats:
+        totals = self._slots.totals()
+        now = time.perf_counter() if now is None else now
+        firsts = totals[_FIRSTS]
+        return LoaderStats(
+            records=int(totals[_RECORDS]),
+            bytes=int(totals[_BYTES]),
+            shard_opens=int(totals[_OPENS]),
+            first_record_mean_s=totals[_FIRST_SUM] / firsts if firsts else 0.0,
+            first_record_max_s=totals[_FIRST_MAX],
+            retries={
+                cause: int(totals[offset])
+                for offset, cause in enumerate(RETRY_CAUSES, _FIRST_MAX + 1)
+            },
+            batches=self.batches,
+            waited_s=self.waited_s,
+            first_batch_s=self.first_batch_s,
+            elapsed_s=0.0 if self._first_pass is None else now - self._first_pass,
+            workers=self._workers,
+        )
