@@ -137,10 +137,7 @@ impl StreamCounters {
     ) {
         ENTERED.with(|entered| {
             let mut entered = entered.borrow_mut();
-            if let Some(at) = entered
-                .iter()
-                .rposition(|c| Arc::ptr_eq(c, &self.counters))
-            {
+            if let Some(at) = entered.iter().rposition(|c| Arc::ptr_eq(c, &self.counters)) {
                 entered.remove(at);
             }
         });

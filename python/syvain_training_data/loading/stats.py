@@ -16,6 +16,7 @@ import logging
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.sharedctypes
+import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -102,6 +103,17 @@ class LoaderStats:
         )
 
 
+_rows_lock = threading.Lock()
+
+
+def _new_rows_lock() -> None:
+    global _rows_lock
+    _rows_lock = threading.Lock()  # one copied by fork may be held by a thread left behind
+
+
+os.register_at_fork(after_in_child=_new_rows_lock)
+
+
 class ConsumerSlots:
     """One row of float64 counters per consumer, in shared memory (exact for integers below
     2**53). Pickled while spawning a worker, the worker gets the same memory; pickled any other
@@ -120,77 +132,80 @@ class ConsumerSlots:
             return (ConsumerSlots, (self.consumers,))
         return (ConsumerSlots, (self.consumers, self._array))
 
-    def row(self, consumer: int) -> list[float]:
-        start = consumer * _FIELDS
-        return list(self._array[start : start + _FIELDS])
-
-    def write(self, consumer: int, values: list[float]) -> None:
-        start = consumer * _FIELDS
-        self._array[start : start + _FIELDS] = values
-
     def consumer(self, index: int) -> ConsumerCounters:
-        """The counters of consumer ``index`` (a worker id; 0 in the main process) for one
-        pass, continuing what its row holds."""
+        """The counters of consumer ``index`` (a worker id; 0 in the main process)."""
         return ConsumerCounters(self, index % self.consumers)
 
+    def add(self, consumer: int, deltas: list[float]) -> None:
+        """Adds ``deltas`` to a row (the first-record maximum is kept as a maximum). Only the
+        consumer's own process writes its row; its threads and passes take turns."""
+        start = consumer * _FIELDS
+        with _rows_lock:
+            row = self._array[start : start + _FIELDS]
+            for field, delta in enumerate(deltas):
+                row[field] = max(row[field], delta) if field == _FIRST_MAX else row[field] + delta
+            self._array[start : start + _FIELDS] = row
+
     def totals(self) -> list[float]:
-        rows = [self.row(i) for i in range(self.consumers)]
+        rows = [self._array[i * _FIELDS : (i + 1) * _FIELDS] for i in range(self.consumers)]
         totals = [sum(column) for column in zip(*rows, strict=True)]
         totals[_FIRST_MAX] = max(row[_FIRST_MAX] for row in rows)
         return totals
 
 
 class ConsumerCounters:
-    """One consumer's counters during one pass. Ranges are opened from the reader's prefetch
-    thread too, so every update holds a lock; they happen per range and per 1024 records."""
+    """One consumer's counting during one pass: it adds to the consumer's row per range and
+    per 1024 records (a pass left unfinished may still add after the next one began)."""
 
     def __init__(self, slots: ConsumerSlots, index: int) -> None:
         self._slots = slots
         self._index = index
-        self._start = slots.row(index)
-        self._values = list(self._start)
         self._streams = _native.StreamCounters()
+        # What of the streams' running totals (bytes, retries) the row already holds.
+        self._added = [0] * (1 + len(RETRY_CAUSES))
         self._lock = threading.Lock()
 
     def watch(self, records: Iterator[T]) -> Iterator[T]:
         """``records`` (one shard range, opened by its first ``next``), counted."""
         started = time.perf_counter()
-        with self._lock:
-            self._values[_OPENS] += 1
         try:
             with self._streams:  # the streams this open starts count here
                 first = next(records, _END)
         except BaseException:
-            self._add(0, None)  # the retries before the failure
+            self._add(0, opens=1)  # the retries before the failure
             raise
         if first is _END:
-            self._add(0, None)
+            self._add(0, opens=1)
             return
-        self._add(1, time.perf_counter() - started)
-        reported = count = 1
+        self._add(1, opens=1, first_record_s=time.perf_counter() - started)
+        added = count = 1
         try:
             yield first  # type: ignore[misc]
             for count, record in enumerate(records, 2):
                 if not count & (_PUBLISH_EVERY - 1):
-                    self._add(count - reported, None)
-                    reported = count
+                    self._add(count - added)
+                    added = count
                 yield record
         finally:
-            self._add(count - reported, None)
+            self._add(count - added)
 
-    def _add(self, records: int, first_record_s: float | None) -> None:
+    def _add(self, records: int, *, opens: int = 0, first_record_s: float | None = None) -> None:
+        deltas = [0.0] * _FIELDS
+        deltas[_RECORDS] = records
+        deltas[_OPENS] = opens
+        if first_record_s is not None:
+            deltas[_FIRSTS], deltas[_FIRST_SUM] = 1, first_record_s
+            deltas[_FIRST_MAX] = first_record_s
+        fields = (_BYTES, *range(_FIRST_MAX + 1, _FIELDS))
+        # Ranges are opened from the reader's prefetch thread too: the streams' growth is
+        # taken by one thread at a time, so it is added once.
         with self._lock:
-            values = self._values
-            values[_RECORDS] += records
-            if first_record_s is not None:
-                values[_FIRSTS] += 1
-                values[_FIRST_SUM] += first_record_s
-                values[_FIRST_MAX] = max(values[_FIRST_MAX], first_record_s)
-            values[_BYTES] = self._start[_BYTES] + self._streams.bytes
             retries = self._streams.retries
-            for offset, cause in enumerate(RETRY_CAUSES, _FIRST_MAX + 1):
-                values[offset] = self._start[offset] + retries[cause]
-            self._slots.write(self._index, values)
+            totals = [self._streams.bytes, *(retries[cause] for cause in RETRY_CAUSES)]
+            for position, (field, total) in enumerate(zip(fields, totals, strict=True)):
+                deltas[field] = total - self._added[position]
+                self._added[position] = total
+            self._slots.add(self._index, deltas)
 
 
 _END: Final = object()
