@@ -1,17 +1,18 @@
 """Where the loader's time goes: counters of its consumers and of the training loop.
 
 Each consumer (the main process without workers, else each DataLoader worker) counts the
-records it reads, the shard ranges it opens, the seconds from opening a range to its first
+records it yields, the shard ranges it opens, the seconds from opening a range to its first
 record, and, through the native ``StreamCounters`` entered around each open, the bytes its
-streams received and their retries by cause. It writes them, every 1024 records and at each
-range's end, into its own row of a small shared-memory array that the loader creates before any
-worker starts (inherited on fork, handed over while spawning), so the main process sums every
-consumer's row without a message and without touching the batches. The main process adds the
-batches the training loop received and the seconds it waited in ``next()`` for them.
+streams received and their retries by cause. It adds them, every 1024 records and at each
+range's first record, to its own row of a small shared-memory array that the loader creates
+before any worker starts (inherited on fork, handed over while spawning), so the main process
+sums every consumer's row without a message and without touching the batches. The main process
+adds the batches the training loop received and the seconds it waited in ``next()`` for them.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import multiprocessing
 import multiprocessing.context
@@ -25,7 +26,7 @@ from typing import Any, Final, TypeVar
 
 from syvain_training_data import _native
 
-__all__ = ["RETRY_CAUSES", "ConsumerSlots", "LoaderStats", "StatsClock"]
+__all__ = ["PUBLISH_MASK", "RETRY_CAUSES", "ConsumerSlots", "LoaderStats", "StatsClock"]
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,8 @@ T = TypeVar("T")
 RETRY_CAUSES: Final = ("connection", "timeout", "status", "ended_early", "other")
 _RECORDS, _BYTES, _OPENS, _FIRSTS, _FIRST_SUM, _FIRST_MAX = range(6)
 _FIELDS: Final = 6 + len(RETRY_CAUSES)
-# Records between two writes of a consumer's row (a power of two: a mask tests it).
-_PUBLISH_EVERY: Final = 1024
+# Records between two writes of a consumer's row, less one (a mask of a power of two).
+PUBLISH_MASK: Final = 1023
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,8 @@ class LoaderStats:
     workers), since the loader was created.
 
     Attributes:
-        records: records the consumers read from shards (batches prefetched but not yet
-            received included).
+        records: records the consumers yielded to the DataLoader (batches prefetched but not
+            yet received included).
         bytes: bytes the consumers' streams received from the store (a full read: the shards'
             ``size_bytes``; file:// parquet shards, read in place by pyarrow, add none).
         shard_opens: shard record ranges opened (one per shard for an unshuffled full read by
@@ -132,9 +133,10 @@ class ConsumerSlots:
             return (ConsumerSlots, (self.consumers,))
         return (ConsumerSlots, (self.consumers, self._array))
 
-    def consumer(self, index: int) -> ConsumerCounters:
-        """The counters of consumer ``index`` (a worker id; 0 in the main process)."""
-        return ConsumerCounters(self, index % self.consumers)
+    def consumer(self, index: int, yielded: int = 0) -> ConsumerCounters:
+        """The counters of consumer ``index`` (a worker id; 0 in the main process) for a pass
+        whose part starts after ``yielded`` records."""
+        return ConsumerCounters(self, index % self.consumers, yielded)
 
     def add(self, consumer: int, deltas: list[float]) -> None:
         """Adds ``deltas`` to a row (the first-record maximum is kept as a maximum). Only the
@@ -154,42 +156,45 @@ class ConsumerSlots:
 
 
 class ConsumerCounters:
-    """One consumer's counting during one pass: it adds to the consumer's row per range and
-    per 1024 records (a pass left unfinished may still add after the next one began)."""
+    """One consumer's counting during one pass, added to the consumer's row at each range's
+    first record and every 1024 records yielded (a pass left unfinished may still add after
+    the next one began). No layer of Python sits between the records and the consumer."""
 
-    def __init__(self, slots: ConsumerSlots, index: int) -> None:
+    def __init__(self, slots: ConsumerSlots, index: int, yielded: int) -> None:
         self._slots = slots
         self._index = index
         self._streams = _native.StreamCounters()
+        self._yielded = yielded
         # What of the streams' running totals (bytes, retries) the row already holds.
         self._added = [0] * (1 + len(RETRY_CAUSES))
         self._lock = threading.Lock()
 
     def watch(self, records: Iterator[T]) -> Iterator[T]:
-        """``records`` (one shard range, opened by its first ``next``), counted."""
+        """``records`` (one shard range, opened by its first ``next``), the open timed."""
+        return itertools.chain(self._first(records), records)
+
+    def _first(self, records: Iterator[T]) -> Iterator[T]:
         started = time.perf_counter()
         try:
             with self._streams:  # the streams this open starts count here
                 first = next(records, _END)
         except BaseException:
-            self._add(0, opens=1)  # the retries before the failure
+            self._add(opens=1)  # the retries before the failure
             raise
         if first is _END:
-            self._add(0, opens=1)
+            self._add(opens=1)
             return
-        self._add(1, opens=1, first_record_s=time.perf_counter() - started)
-        added = count = 1
-        try:
-            yield first  # type: ignore[misc]
-            for count, record in enumerate(records, 2):
-                if not count & (_PUBLISH_EVERY - 1):
-                    self._add(count - added)
-                    added = count
-                yield record
-        finally:
-            self._add(count - added)
+        self._add(opens=1, first_record_s=time.perf_counter() - started)
+        yield first  # type: ignore[misc]
 
-    def _add(self, records: int, *, opens: int = 0, first_record_s: float | None = None) -> None:
+    def yielded(self, count: int) -> None:
+        """The consumer has yielded ``count`` records of its part so far."""
+        self._add(records=count - self._yielded)
+        self._yielded = count
+
+    def _add(
+        self, *, records: int = 0, opens: int = 0, first_record_s: float | None = None
+    ) -> None:
         deltas = [0.0] * _FIELDS
         deltas[_RECORDS] = records
         deltas[_OPENS] = opens
