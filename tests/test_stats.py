@@ -104,7 +104,8 @@ def test_full_read_counts_records_bytes_and_opens_exactly(
     assert stats.shard_opens == SHARDS
     assert stats.retries == dict.fromkeys(RETRY_CAUSES, 0)
     assert stats.batches == len(loader)
-    assert 0 < stats.first_record_mean_s <= stats.first_record_max_s
+    # A mean of equal floats may round a hair above them.
+    assert 0 < stats.first_record_mean_s <= stats.first_record_max_s * (1 + 1e-9)
     assert stats.first_batch_s is not None and 0 < stats.first_batch_s <= stats.elapsed_s
     assert 0 < stats.waited_s <= stats.elapsed_s
 
