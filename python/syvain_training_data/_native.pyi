@@ -84,6 +84,25 @@ class ObjectStream:
     @property
     def resumes(self) -> int | None: ...
 
+@final
+class StreamCounters:
+    """Counts the streams this thread opens while it is entered (``with counters: ...``)."""
+
+    def __new__(cls) -> StreamCounters: ...
+    def __enter__(self) -> StreamCounters: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+    @property
+    def streams(self) -> int: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def retries(self) -> dict[str, int]: ...  # connection, timeout, status, ended_early, other
+
 def set_storage_policy(
     *,
     max_attempts: int,

@@ -1,8 +1,8 @@
 """The ``syvain-data`` command (also ``python -m syvain_training_data``).
 
-Subcommands: ``inspect``, ``verify``, ``head``, ``cp`` and ``demo``; ``syvain-data --help`` and
-``syvain-data COMMAND --help`` describe them. :func:`main` runs one command line and returns
-its exit status, so tests (and other programs) call it in-process.
+Subcommands: ``inspect``, ``verify``, ``head``, ``cp``, ``bench`` and ``demo``;
+``syvain-data --help`` and ``syvain-data COMMAND --help`` describe them. :func:`main` runs one
+command line and returns its exit status, so tests (and other programs) call it in-process.
 
 Decisions:
 
@@ -200,6 +200,35 @@ def build_parser() -> argparse.ArgumentParser:
     _add_allow_mixed_schemes(cp)
     cp.set_defaults(run=_cp)
 
+    bench = commands.add_parser(
+        "bench",
+        parents=[common],
+        help="read a split as training does: records/s, MB/s, time to first batch, counters",
+        description="Read a split (or one curriculum stage) with SplitDataLoader, as a training "
+        "loop does, for --seconds or to the end of the split, and print records/s, MB/s, the "
+        "time to the first batch and the loader's counters (shard opens, time to first record, "
+        "retries by cause), to size workers and shards before a run. Needs the torch extra.",
+    )
+    bench.add_argument("manifest", metavar="MANIFEST", help="manifest URI or local path")
+    bench.add_argument("--split", help="split to read (default: the manifest's first split)")
+    bench.add_argument("--stage", help="read this curriculum stage of the split")
+    bench.add_argument(
+        "--workers", type=_non_negative, default=2, help="DataLoader workers (default 2)"
+    )
+    bench.add_argument(
+        "--seconds",
+        type=_positive_seconds,
+        default=30.0,
+        metavar="T",
+        help="stop after T seconds if the split lasts longer (default 30)",
+    )
+    bench.add_argument(
+        "--batch-size", type=_positive, default=32, metavar="B", help="records per batch (32)"
+    )
+    _add_progress(bench)
+    _add_allow_mixed_schemes(bench)
+    bench.set_defaults(run=_bench)
+
     demo = commands.add_parser(
         "demo",
         parents=[common],
@@ -253,6 +282,16 @@ def _non_negative(text: str) -> int:
     value = _integer(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
     return value
 
 
@@ -702,9 +741,8 @@ def _json_default(value: object) -> object:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def _head(ctx: Context) -> None:
-    uri = _manifest_uri(ctx, ctx.args.manifest)
-    manifest = ctx.client.load_manifest(uri)
+def _selected_shards(ctx: Context, manifest: DataManifest) -> tuple[str, list[ManifestShard]]:
+    """(split, its shards or those of ``--stage``) from ``--split`` (default: the first)."""
     split = ctx.args.split or next(iter(manifest.splits))
     entry = manifest.splits.get(split)
     if entry is None:
@@ -719,6 +757,13 @@ def _head(ctx: Context) -> None:
                 f"available stages: {available}"
             )
         shards = stage.shards
+    return split, list(shards)
+
+
+def _head(ctx: Context) -> None:
+    uri = _manifest_uri(ctx, ctx.args.manifest)
+    manifest = ctx.client.load_manifest(uri)
+    _, shards = _selected_shards(ctx, manifest)
     _check_schemes(ctx, uri, shards)
     left = ctx.args.records
     for shard in shards:
@@ -852,6 +897,82 @@ def _rewrite(manifest: DataManifest, copies: Mapping[str, ManifestShard]) -> Dat
         for stage in entry["curriculum"].values():
             stage["shards"] = [copies[shard["uri"]].model_dump() for shard in stage["shards"]]
     return DataManifest.model_validate(document, strict=True)
+
+
+# --------------------------------------------------------------------------------------------
+# bench
+# --------------------------------------------------------------------------------------------
+
+
+def _bench_batch(records: list[object]) -> list[object]:
+    """The batch as a list of records (module level: spawned workers import it)."""
+    return records
+
+
+def _bench(ctx: Context) -> None:
+    from syvain_training_data.demo import progress
+    from syvain_training_data.loading.split_loader import SplitDataLoader
+
+    args = ctx.args
+    uri = _manifest_uri(ctx, args.manifest)
+    manifest = ctx.client.load_manifest(uri)
+    split, shards = _selected_shards(ctx, manifest)
+    _check_schemes(ctx, uri, shards)
+    loader = SplitDataLoader(
+        manifest,
+        _bench_batch,
+        {"batch_size": args.batch_size, "num_workers": args.workers},
+        storage_config=ctx.client.storage_config,
+        manifest_uri=uri,
+        allow_mixed_schemes=args.allow_mixed_schemes,
+    ).load(split, args.stage)
+    total, done, received = len(loader), 0, 0
+    stopped = "the end of the split"
+    started = drawn = time.perf_counter()
+    for batch in loader:
+        done += 1
+        received += len(batch)
+        now = time.perf_counter()
+        if args.progress and (now - drawn >= 0.1 or done == total):
+            drawn = now
+            progress("bench", done, total, started, stream=ctx.stderr)
+        if now - started >= args.seconds and done < total:
+            stopped = f"{args.seconds:g} s"
+            break
+    elapsed = time.perf_counter() - started
+    if args.progress and done < total and _isatty(ctx.stderr):
+        ctx.stderr.write("\n")
+    stats = loader.stats()
+    selected = f"{split}" + (f", stage {args.stage}" if args.stage else "")
+    size = sum(shard.size_bytes for shard in shards)
+    first_batch = "-" if stats.first_batch_s is None else f"{stats.first_batch_s:.3f} s"
+    retries = ", ".join(f"{cause} {count}" for cause, count in stats.retries.items())
+    rows = [
+        ("manifest", uri),
+        (
+            "split",
+            f"{selected}: {plural(sum(s.records for s in shards), 'record')}, "
+            f"{plural(len(shards), 'shard')}, {human_bytes(size)}",
+        ),
+        ("loader", f"{plural(stats.workers, 'worker')}, batch size {args.batch_size}"),
+        ("read", f"{received:,} records in {done:,} batch{'es' * (done != 1)}, {elapsed:.2f} s"),
+        ("stopped at", stopped),
+        ("records/s", f"{received / elapsed:,.0f}"),
+        ("MB/s", f"{stats.bytes / 1e6 / elapsed:,.2f}"),
+        ("first batch", first_batch),
+        ("waited", f"{stats.waited_s:.2f} s for batches"),
+        ("records", f"{stats.records:,} read by the loader (prefetched included)"),
+        ("bytes", f"{stats.bytes:,} received from the store"),
+        ("shard opens", f"{stats.shard_opens:,}"),
+        (
+            "first record",
+            f"mean {stats.first_record_mean_s:.3f} s, max {stats.first_record_max_s:.3f} s",
+        ),
+        ("retries", f"{sum(stats.retries.values())} ({retries})"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}", file=ctx.stdout)
 
 
 # --------------------------------------------------------------------------------------------

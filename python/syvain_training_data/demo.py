@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from syvain_training_data.client import SyvainTrainingData
 from syvain_training_data.publish import DatasetSaver
@@ -77,16 +77,19 @@ def generate_records(shard_id: str, count: int) -> Iterator[dict[str, Any]]:
         }
 
 
-def progress(label: str, done: int, total: int, started: float) -> None:
+def progress(
+    label: str, done: int, total: int, started: float, *, stream: TextIO | None = None
+) -> None:
     """One line redrawn in place on a terminal (only the last state elsewhere): a bar, the
-    count and the elapsed time."""
-    if done < total and not sys.stdout.isatty():
+    count and the elapsed time, on ``stream`` (default stdout)."""
+    stream = stream or sys.stdout
+    if done < total and not stream.isatty():
         return
     width = 30
     filled = width * done // max(total, 1)
     line = f"\r  {label:<8} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
     end = "\n" if done >= total else ""
-    print(f"{line}  {time.perf_counter() - started:5.1f} s", end=end, flush=True)
+    print(f"{line}  {time.perf_counter() - started:5.1f} s", end=end, flush=True, file=stream)
 
 
 def save_shard(

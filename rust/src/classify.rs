@@ -121,7 +121,7 @@ fn is_permanent_status(status: u16, detail: &str) -> bool {
     (400..500).contains(&status) && !throttled_or_timed_out
 }
 
-fn http_status(detail: &str) -> Option<u16> {
+pub(crate) fn http_status(detail: &str) -> Option<u16> {
     let marker = "status code: ";
     let start = detail.find(marker)? + marker.len();
     detail.get(start..start + 3)?.parse().ok()

@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::classify::{classify, first_line, Failure};
+use crate::counters::{Counters, RetryCause};
 use crate::error::{NativeError, NativeResult};
 use crate::ops::retry_message;
 use crate::policy::{Budget, Policy};
@@ -72,6 +73,8 @@ pub struct StreamReader {
     readahead: Arc<Semaphore>,
     shared: Arc<Shared>,
     task: JoinHandle<()>,
+    /// The counters entered when the stream was opened, if any.
+    counters: Option<Arc<Counters>>,
 }
 
 impl StreamReader {
@@ -81,12 +84,17 @@ impl StreamReader {
         let readahead = Arc::new(Semaphore::new(READAHEAD_BYTES));
         let shared = Arc::new(Shared::default());
         let (uri, size, position) = (request.uri.clone(), request.size, request.start);
+        let counters = crate::counters::entered();
+        if let Some(counters) = &counters {
+            counters.stream_opened();
+        }
         let producer = Producer {
             request,
             factory,
             sender,
             readahead: readahead.clone(),
             shared: shared.clone(),
+            counters: counters.clone(),
         };
         let task = runtime.spawn(producer.run());
         Ok(StreamReader {
@@ -98,6 +106,7 @@ impl StreamReader {
             readahead,
             shared,
             task,
+            counters,
         })
     }
 
@@ -165,6 +174,9 @@ impl StreamReader {
             Ok(Some(Ok(chunk))) => {
                 self.readahead.add_permits(permits_for(chunk.len()));
                 self.position += chunk.len() as u64;
+                if let Some(counters) = &self.counters {
+                    counters.bytes_received(chunk.len());
+                }
                 Ok(Received::Chunk(chunk))
             }
         }
@@ -258,6 +270,39 @@ struct Producer {
     sender: mpsc::Sender<NativeResult<Bytes>>,
     readahead: Arc<Semaphore>,
     shared: Arc<Shared>,
+    counters: Option<Arc<Counters>>,
+}
+
+/// A failed ranged GET: what to do, and why (for the retry counters).
+struct AttemptFailure {
+    failure: Failure,
+    cause: RetryCause,
+}
+
+impl AttemptFailure {
+    fn transient(cause: RetryCause, detail: String) -> Self {
+        AttemptFailure {
+            failure: Failure::Transient(detail),
+            cause,
+        }
+    }
+
+    fn classified(uri: &str, error: object_store::Error, if_match: Option<&str>) -> Self {
+        let cause = RetryCause::of(&error);
+        AttemptFailure {
+            failure: classify(uri, error, if_match),
+            cause,
+        }
+    }
+}
+
+impl From<Failure> for AttemptFailure {
+    fn from(failure: Failure) -> Self {
+        AttemptFailure {
+            failure,
+            cause: RetryCause::Other,
+        }
+    }
 }
 
 /// How one ranged GET ended.
@@ -289,17 +334,20 @@ impl Producer {
                         self.attempt(fresh, &mut offset, &mut etag, &mut budget)
                             .await
                     }
-                    Err(error) => Err(Failure::Fatal(error)),
+                    Err(error) => Err(Failure::Fatal(error).into()),
                 },
             };
-            match result {
+            let (failure, cause) = match result {
                 Ok(Attempt::Done) | Ok(Attempt::ConsumerGone) => return,
                 Ok(Attempt::Reopen) => continue,
-                Err(Failure::Fatal(error)) => {
+                Err(AttemptFailure { failure, cause }) => (failure, cause),
+            };
+            match failure {
+                Failure::Fatal(error) => {
                     let _ = self.sender.send(Err(error)).await;
                     return;
                 }
-                Err(Failure::Transient(detail)) => {
+                Failure::Transient(detail) => {
                     let elapsed = budget.elapsed_without_progress();
                     let Some(delay) = budget.next_delay() else {
                         let error = NativeError::RetryExhausted {
@@ -327,6 +375,9 @@ impl Producer {
                         .unwrap_or_else(|p| p.into_inner())
                         .push(message);
                     self.shared.resumes.fetch_add(1, Ordering::Relaxed);
+                    if let Some(counters) = &self.counters {
+                        counters.retried(cause);
+                    }
                     tokio::time::sleep(delay).await;
                     // A fresh client: the old one's connections may be what failed.
                     store = None;
@@ -373,7 +424,7 @@ impl Producer {
         offset: &mut u64,
         etag: &mut Option<String>,
         budget: &mut Budget,
-    ) -> Result<Attempt, Failure> {
+    ) -> Result<Attempt, AttemptFailure> {
         let request = &self.request;
         let policy = &request.policy;
         let options = GetOptions {
@@ -387,13 +438,21 @@ impl Producer {
             store.get_opts(&request.path, options),
         )
         .await
-        .map_err(|_| Failure::Transient("timed out waiting for the response".into()))?;
-        let response = opened.map_err(|e| classify(&request.uri, e, etag.as_deref()))?;
+        .map_err(|_| {
+            AttemptFailure::transient(
+                RetryCause::Timeout,
+                "timed out waiting for the response".into(),
+            )
+        })?;
+        let response =
+            opened.map_err(|e| AttemptFailure::classified(&request.uri, e, etag.as_deref()))?;
         if response.meta.size != request.size {
-            return Err(self.data_error(format!(
-                "size mismatch: the object has {} bytes but size_bytes is {}",
-                response.meta.size, request.size
-            )));
+            return Err(self
+                .data_error(format!(
+                    "size mismatch: the object has {} bytes but size_bytes is {}",
+                    response.meta.size, request.size
+                ))
+                .into());
         }
         if etag.is_none() {
             etag.clone_from(&response.meta.e_tag);
@@ -417,10 +476,13 @@ impl Producer {
                             return Ok(Attempt::Reopen)
                         }
                         Err(_) => {
-                            return Err(Failure::Transient(format!(
-                                "no data for {:.1} s",
-                                policy.read_inactivity_timeout.as_secs_f64()
-                            )))
+                            return Err(AttemptFailure::transient(
+                                RetryCause::Timeout,
+                                format!(
+                                    "no data for {:.1} s",
+                                    policy.read_inactivity_timeout.as_secs_f64()
+                                ),
+                            ))
                         }
                     }
                 }
@@ -431,15 +493,21 @@ impl Producer {
                     if !self.hand_over(&mut held, offset).await {
                         return Ok(Attempt::ConsumerGone);
                     }
-                    return Err(classify(&request.uri, error, etag.as_deref()));
+                    return Err(AttemptFailure::classified(
+                        &request.uri,
+                        error,
+                        etag.as_deref(),
+                    ));
                 }
                 Some(Ok(chunk)) => chunk,
             };
             if *offset + (held.len() + chunk.len()) as u64 > request.size {
-                return Err(self.data_error(format!(
-                    "received more bytes than size_bytes ({})",
-                    request.size
-                )));
+                return Err(self
+                    .data_error(format!(
+                        "received more bytes than size_bytes ({})",
+                        request.size
+                    ))
+                    .into());
             }
             budget.progress();
             received_here = true;
@@ -452,10 +520,13 @@ impl Producer {
             return Ok(Attempt::ConsumerGone);
         }
         if *offset < request.size {
-            return Err(Failure::Transient(format!(
-                "response body ended early at offset {offset} of {} bytes",
-                request.size
-            )));
+            return Err(AttemptFailure::transient(
+                RetryCause::EndedEarly,
+                format!(
+                    "response body ended early at offset {offset} of {} bytes",
+                    request.size
+                ),
+            ));
         }
         Ok(Attempt::Done)
     }

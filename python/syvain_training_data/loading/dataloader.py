@@ -9,6 +9,7 @@ the records not yet consumed).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +17,7 @@ from torch.utils.data import DataLoader
 
 from syvain_training_data.loading import plan
 from syvain_training_data.loading.dataset import ShardDataset
+from syvain_training_data.loading.stats import ConsumerSlots, LoaderStats, StatsClock
 
 __all__ = ["SyvainDataLoader", "endless"]
 
@@ -31,8 +33,13 @@ class SyvainDataLoader(DataLoader[Any]):
 
     dataset: ShardDataset
 
-    def __init__(self, dataset: ShardDataset, **kwargs: Any) -> None:
+    def __init__(
+        self, dataset: ShardDataset, *, log_stats_every: float | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(dataset, **kwargs)
+        # Created before any worker starts: each worker writes its own row.
+        dataset.counters = ConsumerSlots(self.num_workers)
+        self._stats = StatsClock(dataset.counters, self.num_workers, log_stats_every)
         self._next_epoch = 0
         self._resume: tuple[plan.Interrupt, ...] = ()
         self._pass: dict[str, Any] | None = None
@@ -50,6 +57,7 @@ class SyvainDataLoader(DataLoader[Any]):
         self._next_epoch, self._resume = epoch, ()
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        started = time.perf_counter()
         epoch, interrupts = self._next_epoch, self._resume
         self._next_epoch, self._resume = epoch + 1, ()
         self.dataset.set_epoch(epoch)
@@ -64,7 +72,12 @@ class SyvainDataLoader(DataLoader[Any]):
             "finished": False,
         }
         self._pass = progress
-        return _counted(super().__iter__(), progress)
+        return _counted(self._stats.timed(super().__iter__(), started), progress)
+
+    def stats(self) -> LoaderStats:
+        """Counters since this loader was created, summed over the main process and the
+        workers (see :class:`~syvain_training_data.loading.stats.LoaderStats`)."""
+        return self._stats.snapshot()
 
     def __len__(self) -> int:
         """Batches this rank yields in the next pass."""

@@ -15,6 +15,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from syvain_training_data.loading import plan
 from syvain_training_data.loading.reader import ShardRange, consumer_records
+from syvain_training_data.loading.stats import PUBLISH_MASK, ConsumerSlots
 from syvain_training_data.manifest import DataManifestDataFormat, ManifestShard
 from syvain_training_data.shard import iter_shard
 from syvain_training_data.storage import StorageConfig
@@ -87,6 +88,8 @@ class ShardDataset(IterableDataset[Any]):
         self.interrupts: tuple[plan.Interrupt, ...] = ()
         self._skip: dict[str, Any] | None = None
         self._progress: dict[str, Any] | None = None
+        # Where each consumer counts its reads (the loader gives one row per worker).
+        self.counters = ConsumerSlots(1)
 
     @property
     def shards(self) -> tuple[ManifestShard, ...]:
@@ -138,10 +141,18 @@ class ShardDataset(IterableDataset[Any]):
         intervals = plan.Level(part).slice(skip, length)
         orders = self.selection.orders(epoch)
         mixed = self.selection.mixed(epoch)
-        records = consumer_records(orders, self.stream_shards, mixed, intervals, self._open)
-        for record in records:
-            progress["yielded"] += 1
-            yield record
+        counters = self.counters.consumer(worker, progress["yielded"])
+        records = consumer_records(
+            orders, self.stream_shards, mixed, intervals, lambda r: counters.watch(self._open(r))
+        )
+        try:
+            for yielded, record in enumerate(records, progress["yielded"] + 1):
+                progress["yielded"] = yielded
+                if not yielded & PUBLISH_MASK:
+                    counters.yielded(yielded)
+                yield record
+        finally:
+            counters.yielded(progress["yielded"])
 
     def _open(self, shard_range: ShardRange) -> Iterator[Any]:
         index, start, stop = shard_range

@@ -232,6 +232,7 @@ class SplitDataLoader:
         mixing_stop: str = "first_exhausted",
         columns: Sequence[str] | None = None,
         pad_value: int | float = 0,
+        log_stats_every: float | None = None,
     ) -> Any:
         """A DataLoader over ``split`` (or one stage, or a union of stages kept in stage order
         without repeated shard URIs); with ``infinite_iter``, an endless iterator of batches.
@@ -262,6 +263,9 @@ class SplitDataLoader:
             columns, built in the worker (numbers -> (B,), lists of numbers -> (B, longest)
             padded with ``pad_value`` plus ``{column}_lengths``; strings stay lists). The
             loader's ``collate_fn`` must then be None.
+          log_stats_every: every this many seconds, log the loader's ``stats().summary()``
+            (logger ``syvain_training_data.loading.stats``, INFO); the DataLoader's
+            ``stats()`` returns the counters at any time.
           stateful: kept for compatibility; every loader this returns has ``state_dict()`` /
             ``load_state_dict()`` (torchdata's protocol), resuming exactly on any number of
             ranks, workers and any batch size.
@@ -305,7 +309,9 @@ class SplitDataLoader:
             if collate_fn is not None:
                 raise ValueError("Pass collate_fn=None to split_data_loader to load columns")
             collate_fn = TensorCollate(columns, pad_value)
-        loader = SyvainDataLoader(dataset, collate_fn=collate_fn, **args)
+        loader = SyvainDataLoader(
+            dataset, collate_fn=collate_fn, log_stats_every=log_stats_every, **args
+        )
         if infinite_iter:
             return endless(loader, split)
         return loader
