@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 import warnings
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -75,27 +76,36 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         client = SyvainTrainingData()
         for data_format in ("msgpack.zstf", "jsonl.gz"):
-            saver = client.dataset_saver(f"file://{root}/{data_format}/m.json", data_format=data_format)
+            saver = client.dataset_saver(
+                f"file://{root}/{data_format}/m.json", data_format=data_format
+            )
             shard = saver.save("train", None, records(1))
             data = Path(shard.uri.removeprefix("file://")).read_bytes()
             total = sum(len(r["tokens"]) for r in records(1))
-            dicts, got_a = timed(lambda: dict_path(data_format, shard))
-            columns, got_b = timed(lambda: columnar_path(data_format, shard))
-            floor, found = timed(lambda: _native._decode_only(data_format, data))
+            dicts, got_a = timed(partial(dict_path, data_format, shard))
+            columns, got_b = timed(partial(columnar_path, data_format, shard))
+            floor, found = timed(partial(_native._decode_only, data_format, data))
             assert got_a == got_b == total and found == RECORDS
-            rate = {name: total / seconds for name, seconds in
-                    (("dicts", dicts), ("columnar", columns), ("floor", floor))}
-            print(json.dumps({
-                "format": data_format,
-                "records": RECORDS,
-                "tokens": total,
-                "shard_mb": round(len(data) / 1e6, 1),
-                "dicts_mtok_s": round(rate["dicts"] / 1e6, 1),
-                "columnar_mtok_s": round(rate["columnar"] / 1e6, 1),
-                "floor_mtok_s": round(rate["floor"] / 1e6, 1),
-                "columnar_vs_dicts": round(rate["columnar"] / rate["dicts"], 1),
-                "columnar_vs_floor": round(rate["columnar"] / rate["floor"], 2),
-            }), flush=True)
+            rate = {
+                name: total / seconds
+                for name, seconds in (("dicts", dicts), ("columnar", columns), ("floor", floor))
+            }
+            print(
+                json.dumps(
+                    {
+                        "format": data_format,
+                        "records": RECORDS,
+                        "tokens": total,
+                        "shard_mb": round(len(data) / 1e6, 1),
+                        "dicts_mtok_s": round(rate["dicts"] / 1e6, 1),
+                        "columnar_mtok_s": round(rate["columnar"] / 1e6, 1),
+                        "floor_mtok_s": round(rate["floor"] / 1e6, 1),
+                        "columnar_vs_dicts": round(rate["columnar"] / rate["dicts"], 1),
+                        "columnar_vs_floor": round(rate["columnar"] / rate["floor"], 2),
+                    }
+                ),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

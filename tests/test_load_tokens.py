@@ -123,6 +123,25 @@ def test_eos_after_every_record_and_collate_fn_is_not_needed(local_sets):
     assert len(expected) - len(flat) < 8
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stats_count_the_records_shards_and_batches(local_sets, workers):
+    client, (uri, documents) = local_sets[0], local_sets[1]["msgpack.zstf"]
+    args: dict[str, Any] = {"batch_size": 2, "num_workers": workers}
+    if workers:
+        args["multiprocessing_context"] = "fork"
+    loader = client.split_data_loader(uri, None, args).load_tokens("train", seq_len=8)
+    batches = sum(1 for _ in loader)
+    stats = loader.stats()
+    manifest = client.load_manifest(uri)
+    shards = manifest.splits["train"].shards
+    assert stats.records == len(documents)
+    assert stats.batches == batches and stats.workers == workers
+    # Each worker opens its part of each shard it touches: at least one open per shard.
+    assert stats.shard_opens >= len(shards)
+    assert stats.bytes >= sum(shard.size_bytes for shard in shards)
+    assert sum(stats.retries.values()) == 0
+
+
 def test_drop_last_and_shuffle(local_sets):
     client, (uri, documents) = local_sets[0], local_sets[1]["jsonl.gz"]
     total = sum(len(d) for d in documents)

@@ -1,5 +1,6 @@
 """Stubs for the Rust extension `syvain_training_data._native` (checked by mypy.stubtest)."""
 
+import builtins
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
@@ -55,7 +56,7 @@ class NativeStorage:
         etag: str | None = None,
         start: int = 0,
         stop: int | None = None,
-        columns: list[str] | None = None,
+        columns: builtins.list[str] | None = None,
         batch_size: int,
     ) -> ShardBatchReader: ...
 
@@ -199,7 +200,9 @@ class ShardBatch:
     def column_names(self) -> list[str]: ...
     def __len__(self) -> int: ...
     def __arrow_c_schema__(self) -> object: ...
-    def __arrow_c_array__(self, requested_schema: object | None = None) -> tuple[object, object]: ...
+    def __arrow_c_array__(
+        self, requested_schema: object | None = None
+    ) -> tuple[object, object]: ...
     def __arrow_c_stream__(self, requested_schema: object | None = None) -> object: ...
     def int_list_buffers(self, column: str) -> tuple[IntBuffer, IntBuffer]: ...
 
@@ -215,7 +218,6 @@ def shard_batches_from_bytes(
     columns: list[str] | None = None,
     batch_size: int = 8192,
 ) -> ShardBatchReader: ...
-
 def _decode_only(data_format: str, data: bytes) -> int:
     """Benchmark-only (benchmarks/tokens.py): decompresses and parses shard bytes, building
     nothing; returns the records found. Not part of the API."""

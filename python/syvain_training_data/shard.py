@@ -31,7 +31,9 @@ class ArrowRecordBatch(Protocol):
     @property
     def column_names(self) -> list[str]: ...
     def __arrow_c_schema__(self) -> object: ...
-    def __arrow_c_array__(self, requested_schema: object | None = None) -> tuple[object, object]: ...
+    def __arrow_c_array__(
+        self, requested_schema: object | None = None
+    ) -> tuple[object, object]: ...
 
 
 def _check_format(data_format: str) -> None:
@@ -143,4 +145,3 @@ def iter_shard_batches(
         columns=selected,
         batch_size=batch_size,
     )
-

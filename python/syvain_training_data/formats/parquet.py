@@ -533,9 +533,7 @@ def _select(pa: Any, batch: Any, columns: list[str] | None) -> Any:
     if columns is None:
         return batch
     names = batch.schema.names
-    arrays = [
-        batch.column(name) if name in names else pa.nulls(batch.num_rows) for name in columns
-    ]
+    arrays = [batch.column(name) if name in names else pa.nulls(batch.num_rows) for name in columns]
     return pa.RecordBatch.from_arrays(arrays, names=columns)
 
 

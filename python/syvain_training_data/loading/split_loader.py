@@ -333,6 +333,7 @@ class SplitDataLoader:
         stateful: bool = False,
         mixing_weights: Mapping[str, float] | str | None = None,
         mixing_stop: str = "first_exhausted",
+        log_stats_every: float | None = None,
     ) -> Any:
         """Packed token blocks: a DataLoader of int64 tensors of shape (batch_size, seq_len)
         (with ``infinite_iter``, an endless iterator of them). ``collate_fn`` is not used.
@@ -349,7 +350,8 @@ class SplitDataLoader:
         workers and any batch size or ``seq_len``; a record cut by a block resumes at its token
         offset. Ranks that form a torch.distributed group gather their positions in
         ``state_dict()`` (call it on every rank); otherwise merge each rank's state with
-        :func:`~syvain_training_data.loading.tokens.merge_token_states`.
+        :func:`~syvain_training_data.loading.tokens.merge_token_states`. ``stats()`` and
+        ``log_stats_every`` are :meth:`load`'s.
 
         Raises:
             ValueError: the errors of :meth:`load`; ``seq_len`` not a positive int; a record
@@ -392,7 +394,7 @@ class SplitDataLoader:
             seq_len=seq_len,
             eos_id=eos_id,
         )
-        loader = TokenDataLoader(dataset, **args)
+        loader = TokenDataLoader(dataset, log_stats_every=log_stats_every, **args)
         if infinite_iter:
             return endless(loader, split)
         return loader

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -28,6 +29,7 @@ from syvain_training_data.loading import plan
 from syvain_training_data.loading.dataloader import MAX_INTERRUPTS, STATE_VERSION
 from syvain_training_data.loading.dataset import ShardDataset
 from syvain_training_data.loading.reader import ShardRange, consumer_records
+from syvain_training_data.loading.stats import PUBLISH_MASK, ConsumerSlots, LoaderStats, StatsClock
 from syvain_training_data.shard import iter_shard_batches
 
 __all__ = ["TokenDataLoader", "TokenDataset", "TokenPacker", "merge_token_states"]
@@ -137,33 +139,42 @@ class TokenDataset(ShardDataset):
         topology = self.topology(workers)
         layout, cuts = plan.token_layout(length, interrupts, topology, self.rank)
         part = layout[self.rank][worker]
+        counters = self.counters.consumer(worker)
         records = consumer_records(
             self.selection.orders(epoch),
             self.stream_shards,
             self.selection.mixed(epoch),
             part,
-            self._open,
+            lambda r: counters.watch(self._open(r)),
         )
         positions = (p for start, stop in part for p in range(start, stop))
         packer = TokenPacker(self.seq_len, self.batch_size)
         eos = None if self.eos_id is None else torch.tensor([self.eos_id], dtype=torch.int64)
-        for index, (position, (tokens, count)) in enumerate(zip(positions, records, strict=True)):
-            start = cuts.get(position, 0)
-            length = count + (eos is not None)
-            if start >= length and start > 0:
-                raise ValueError(
-                    f"The loader state cuts record {position} of epoch {epoch} at token "
-                    f"{start}, but it holds {length}: the data changed since"
-                )
-            if start:
-                tokens = tokens[start:]
-            pieces = packer.add(index, start, tokens, ends_record=eos is None)
-            if eos is not None:
-                pieces = itertools.chain(pieces, packer.add(index, count, eos))
-            for batch, whole, offset in pieces:
+        index = -1
+        try:
+            for index, (position, (tokens, count)) in enumerate(
+                zip(positions, records, strict=True)
+            ):
+                if index and not index & PUBLISH_MASK:
+                    counters.yielded(index)
+                start = cuts.get(position, 0)
+                length = count + (eos is not None)
+                if start >= length and start > 0:
+                    raise ValueError(
+                        f"The loader state cuts record {position} of epoch {epoch} at token "
+                        f"{start}, but it holds {length}: the data changed since"
+                    )
+                if start:
+                    tokens = tokens[start:]
+                pieces = packer.add(index, start, tokens, ends_record=eos is None)
+                if eos is not None:
+                    pieces = itertools.chain(pieces, packer.add(index, count, eos))
+                for batch, whole, offset in pieces:
+                    yield batch, worker, whole, offset
+            for batch, whole, offset in packer.finish(self.drop_last):
                 yield batch, worker, whole, offset
-        for batch, whole, offset in packer.finish(self.drop_last):
-            yield batch, worker, whole, offset
+        finally:
+            counters.yielded(index + 1)  # records read (a cut one counts once)
 
     def _open(self, shard_range: ShardRange) -> Iterator[tuple[torch.Tensor, int]]:
         """Each record's tokens of a shard range and their count, as int64 tensors sliced from
@@ -235,8 +246,13 @@ class TokenDataLoader(DataLoader[Any]):
 
     dataset: TokenDataset
 
-    def __init__(self, dataset: TokenDataset, **kwargs: Any) -> None:
+    def __init__(
+        self, dataset: TokenDataset, *, log_stats_every: float | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(dataset, batch_size=None, collate_fn=_as_is, **kwargs)
+        # Created before any worker starts: each worker writes its own row.
+        dataset.counters = ConsumerSlots(self.num_workers)
+        self._stats = StatsClock(dataset.counters, self.num_workers, log_stats_every)
         self._next_epoch = 0
         self._resume: tuple[plan.TokenInterrupt, ...] = ()
         self._pass: dict[str, Any] | None = None
@@ -253,6 +269,7 @@ class TokenDataLoader(DataLoader[Any]):
         self._next_epoch, self._resume = epoch, ()
 
     def __iter__(self) -> Iterator[torch.Tensor]:  # type: ignore[override]
+        started = time.perf_counter()
         epoch, interrupts = self._next_epoch, self._resume
         self._next_epoch, self._resume = epoch + 1, ()
         self.dataset.set_epoch(epoch)
@@ -269,7 +286,13 @@ class TokenDataLoader(DataLoader[Any]):
             "finished": False,
         }
         self._pass = progress
-        return _tracked(super().__iter__(), progress, workers)
+        return self._stats.timed(_tracked(super().__iter__(), progress, workers), started)
+
+    def stats(self) -> LoaderStats:
+        """Counters since this loader was created, summed over the main process and the
+        workers (see :class:`~syvain_training_data.loading.stats.LoaderStats`; ``records``
+        counts the records whose tokens the consumers read)."""
+        return self._stats.snapshot()
 
     def _rank_entry(self, progress: dict[str, Any]) -> list[int]:
         flat = [value for position in progress["positions"] for value in position]

@@ -12,6 +12,10 @@ use arrow_array::{
 use arrow_buffer::{BooleanBufferBuilder, Buffer, NullBufferBuilder, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Fields, Schema};
 
+/// The deepest a column may nest (a top-level column is at level 1, each list item or map
+/// field one deeper): Arrow C++ (pyarrow) refuses to import a schema nested 64 levels or more.
+pub const MAX_ARROW_DEPTH: usize = 63;
+
 /// A value the builder cannot store, with the column it was meant for.
 pub type BuildResult<T> = Result<T, String>;
 
@@ -118,16 +122,19 @@ struct StructFields {
 pub struct Column {
     name: String,
     path: String,
+    /// Its nesting level (the root is 0).
+    depth: usize,
     len: usize,
     nulls: NullBufferBuilder,
     values: Values,
 }
 
 impl Column {
-    pub fn new(name: String, path: String) -> Self {
+    fn new(name: String, path: String, depth: usize) -> Self {
         Self {
             name,
             path,
+            depth,
             len: 0,
             nulls: NullBufferBuilder::new(0),
             values: Values::Untyped,
@@ -136,7 +143,7 @@ impl Column {
 
     /// The column of whole records: a map column whose children become the batch's columns.
     pub fn root() -> Self {
-        let mut root = Self::new(String::new(), String::new());
+        let mut root = Self::new(String::new(), String::new(), 0);
         root.values = Values::Struct(StructFields::default());
         root
     }
@@ -148,6 +155,14 @@ impl Column {
     /// Where the column sits in a record ("meta.tags[]"), for messages.
     pub fn path(&self) -> &str {
         &self.path
+    }
+
+    /// The level of a new child column, or the error when it would nest too deep.
+    fn child_depth(&self) -> BuildResult<usize> {
+        if self.depth >= MAX_ARROW_DEPTH {
+            return Err(too_deep(&format!("{}[]", self.path)));
+        }
+        Ok(self.depth + 1)
     }
 
     fn conflict(&self, found: &str) -> String {
@@ -218,7 +233,8 @@ impl Column {
     /// closed by [`Column::end_list`].
     pub fn begin_list(&mut self) -> BuildResult<()> {
         if let Values::Untyped = self.values {
-            let child = Column::new("item".to_owned(), format!("{}[]", self.path));
+            let path = format!("{}[]", self.path);
+            let child = Column::new("item".to_owned(), path, self.child_depth()?);
             self.values = Values::List(Offsets::with_rows(self.len), Box::new(child));
         }
         match self.values {
@@ -281,7 +297,11 @@ impl Column {
                 at
             }
             None => {
-                let mut column = Column::new(key.to_owned(), format!("{prefix}{key}"));
+                let depth = self.depth + 1;
+                if depth > MAX_ARROW_DEPTH {
+                    return Err(too_deep(&format!("{prefix}{key}")));
+                }
+                let mut column = Column::new(key.to_owned(), format!("{prefix}{key}"), depth);
                 for _ in 0..row {
                     column.push_null();
                 }
@@ -310,7 +330,9 @@ impl Column {
     /// Drops the slots from `rows` on (a record that turned out invalid); children first seen
     /// in a dropped row are dropped too, so the schema is as if the record never came.
     pub fn truncate(&mut self, rows: usize) {
-        if rows >= self.len {
+        // At `rows == len` a slot may still be open (a map or list begun, not ended): its
+        // children hold values of it that must go too.
+        if rows > self.len {
             return;
         }
         match &mut self.values {
@@ -410,6 +432,13 @@ fn finish_fields(columns: Vec<Column>) -> (Fields, Vec<ArrayRef>) {
         arrays.push(array);
     }
     (fields.into(), arrays)
+}
+
+fn too_deep(path: &str) -> String {
+    format!(
+        "column {path:?} nests deeper than {MAX_ARROW_DEPTH} levels, more than Arrow readers \
+         import (iter_shard reads such records)"
+    )
 }
 
 fn struct_prefix(path: &str) -> String {

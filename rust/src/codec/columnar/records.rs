@@ -5,6 +5,7 @@ use arrow_array::RecordBatch;
 use jiter::{Jiter, JiterError, NumberAny, NumberInt, Peek};
 
 use super::builder::{finish_batch, BuildResult, Column, Leaf};
+use crate::codec::lines::nesting_exceeds;
 use crate::codec::msgpack::{self, Cursor, Scalar, Token};
 use crate::codec::py_build::MAX_JSON_DEPTH;
 
@@ -134,6 +135,10 @@ impl RecordBuilder {
         match result {
             Ok(()) | Err(JsonFailure::Syntax) => Ok(JsonRow::Invalid),
             Err(JsonFailure::TooDeep) => Ok(JsonRow::TooDeep),
+            // Too deep for a column, and for the record path too.
+            Err(JsonFailure::Build(_)) if nesting_exceeds(line, MAX_JSON_DEPTH) => {
+                Ok(JsonRow::TooDeep)
+            }
             // A line that is not JSON at all is skipped even if a value came first that the
             // columns could not hold, as the record path skips it.
             Err(JsonFailure::Build(_)) if !is_json(line) => Ok(JsonRow::Invalid),
@@ -164,9 +169,55 @@ impl RecordBuilder {
     }
 }
 
+/// Whether `line` is one JSON value, at any depth (jiter's own skip stops at 200 levels, and
+/// the record path reads deeper lines): a walk with a stack of open containers.
 fn is_json(line: &[u8]) -> bool {
     let mut jiter = Jiter::new(line).with_allow_inf_nan();
-    jiter.next_skip().and_then(|()| jiter.finish()).is_ok()
+    json_walk(&mut jiter).is_ok()
+}
+
+fn json_walk(jiter: &mut Jiter<'_>) -> Result<(), JiterError> {
+    // Per open container: whether it is an object.
+    let mut open: Vec<bool> = Vec::new();
+    let mut peek = jiter.peek()?;
+    loop {
+        let entered = match peek {
+            Peek::Array => jiter.known_array()?.map(|first| (false, first)),
+            Peek::Object => match jiter.known_object()? {
+                Some(_) => Some((true, jiter.peek()?)),
+                None => None,
+            },
+            _ => {
+                jiter.known_skip(peek)?;
+                None
+            }
+        };
+        if let Some((is_object, first)) = entered {
+            open.push(is_object);
+            peek = first;
+            continue;
+        }
+        // A value ended: step to the next one of the innermost open container.
+        loop {
+            let next = match open.last() {
+                None => return jiter.finish(),
+                Some(false) => jiter.array_step()?,
+                Some(true) => match jiter.next_key()? {
+                    Some(_) => Some(jiter.peek()?),
+                    None => None,
+                },
+            };
+            match next {
+                Some(next) => {
+                    peek = next;
+                    break;
+                }
+                None => {
+                    open.pop();
+                }
+            }
+        }
+    }
 }
 
 /// Whether a jsonl line is a record (a JSON object) rather than one to skip, without building it.
@@ -322,6 +373,46 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn is_json_takes_any_depth_and_refuses_broken_lines() {
+        let deep = |depth: usize| format!("{{\"v\":{}1{}}}", "[".repeat(depth), "]".repeat(depth));
+        assert!(is_json(deep(500).as_bytes()));
+        assert!(is_json(
+            br#"{"a": [1, {"b": [], "c": {}}, "x"], "d": null}"#
+        ));
+        assert!(is_json(b"[]") && is_json(b"3") && is_json(b"{}"));
+        for broken in [
+            &b"{"[..],
+            b"[1,]",
+            b"{\"a\" 1}",
+            b"[1] 2",
+            b"",
+            b"{\"a\":[1}",
+        ] {
+            assert!(!is_json(broken), "{:?}", String::from_utf8_lossy(broken));
+        }
+        let mut truncated = deep(500);
+        truncated.pop();
+        assert!(!is_json(truncated.as_bytes()));
+    }
+
+    #[test]
+    fn a_line_nested_too_deep_for_arrow_is_an_error_and_past_1000_too_deep() {
+        let mut builder = RecordBuilder::new(None);
+        let line = |depth: usize| format!("{{\"v\":{}1{}}}", "[".repeat(depth), "]".repeat(depth));
+        let error = builder.push_json(line(70).as_bytes()).unwrap_err();
+        assert!(error.contains("nests deeper than 63 levels"), "{error}");
+        assert_eq!(
+            builder.push_json(line(1000).as_bytes()),
+            Ok(JsonRow::TooDeep)
+        );
+        assert_eq!(
+            builder.push_json(b"{\"v\": [[[1]]] junk"),
+            Ok(JsonRow::Invalid)
+        );
+        assert_eq!(builder.rows(), 0);
+    }
+
     fn json_batch(lines: &[&str], columns: Option<&[&str]>) -> BuildResult<RecordBatch> {
         let columns = columns.map(|c| c.iter().map(|s| s.to_string()).collect());
         let mut builder = RecordBuilder::new(columns);
@@ -425,8 +516,13 @@ mod tests {
         let deep = format!("{{\"a\": {}{}}}", "[".repeat(1000), "]".repeat(1000));
         let mut builder = RecordBuilder::new(None);
         assert_eq!(builder.push_json(deep.as_bytes()), Ok(JsonRow::TooDeep));
-        let ok = format!("{{\"a\": {}{}}}", "[".repeat(999), "]".repeat(999));
+        // Within the record path's limit, beyond what Arrow readers import: an error.
+        let deep = format!("{{\"a\": {}{}}}", "[".repeat(999), "]".repeat(999));
+        let error = builder.push_json(deep.as_bytes()).unwrap_err();
+        assert!(error.contains("nests deeper than 63 levels"), "{error}");
+        let ok = format!("{{\"a\": {}{}}}", "[".repeat(62), "]".repeat(62));
         assert_eq!(builder.push_json(ok.as_bytes()), Ok(JsonRow::Record));
+        assert_eq!(builder.finish().unwrap().num_rows(), 1);
     }
 
     #[test]
