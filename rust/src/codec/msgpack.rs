@@ -131,6 +131,7 @@ impl StreamValidator {
 }
 
 /// One MessagePack item: a scalar, or the header of a map (entries) or array (items).
+#[derive(Debug)]
 pub(crate) enum Token<'a> {
     Scalar(Scalar<'a>),
     Map(usize),
@@ -245,6 +246,33 @@ impl<'a> Cursor<'a> {
             INCOMPLETE => INVALID_PAYLOAD,
             other => other,
         })
+    }
+
+    /// The next value if it is an integer that fits an i64 (the position then moves past it);
+    /// otherwise `None` and the position is unchanged, for [`Cursor::token`] to read or
+    /// report. The columnar decoder's fast path for lists of token ids.
+    pub(crate) fn int(&mut self) -> Option<i64> {
+        let rest = self.buf.get(self.pos..)?;
+        let marker = *rest.first()?;
+        let be = |n: usize| -> Option<u64> {
+            let bytes = rest.get(1..=n)?;
+            Some(bytes.iter().fold(0u64, |v, &b| (v << 8) | u64::from(b)))
+        };
+        let (value, len) = match marker {
+            0x00..=0x7f => (i64::from(marker), 1),
+            0xe0..=0xff => (i64::from(marker as i8), 1),
+            0xcc => (be(1)? as i64, 2),
+            0xcd => (be(2)? as i64, 3),
+            0xce => (be(4)? as i64, 5),
+            0xcf => (i64::try_from(be(8)?).ok()?, 9),
+            0xd0 => (i64::from(be(1)? as u8 as i8), 2),
+            0xd1 => (i64::from(be(2)? as u16 as i16), 3),
+            0xd2 => (i64::from(be(4)? as u32 as i32), 5),
+            0xd3 => (be(8)? as i64, 9),
+            _ => return None,
+        };
+        self.pos += len;
+        Some(value)
     }
 
     fn raw_token(&mut self) -> Result<Token<'a>, &'static str> {
@@ -505,6 +533,65 @@ pub fn write_map_header(out: &mut Vec<u8>, len: usize) -> Option<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn int_reads_what_token_reads_for_every_integer_encoding() {
+        let mut payload = Vec::new();
+        let signed = [
+            0,
+            1,
+            127,
+            -1,
+            -32,
+            -33,
+            -128,
+            -129,
+            -32768,
+            -32769,
+            i64::MIN,
+            300,
+        ];
+        for value in signed {
+            write_int(&mut payload, value);
+        }
+        let unsigned = [
+            128,
+            255,
+            256,
+            65535,
+            65536,
+            u64::from(u32::MAX),
+            i64::MAX as u64,
+        ];
+        for value in unsigned {
+            write_uint(&mut payload, value);
+        }
+        // Explicit wide encodings of small values, as other writers may emit them.
+        payload.extend_from_slice(&[0xd0, 0x05, 0xd1, 0xff, 0xfe, 0xcf, 0, 0, 0, 0, 0, 0, 0, 9]);
+        let mut fast = Cursor::new(&payload);
+        let mut slow = Cursor::new(&payload);
+        while slow.remaining() > 0 {
+            let expected = match slow.token().unwrap() {
+                Token::Scalar(Scalar::Int(i)) => i,
+                Token::Scalar(Scalar::UInt(u)) => i64::try_from(u).unwrap(),
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(fast.int(), Some(expected));
+            assert_eq!(fast.pos, slow.pos);
+        }
+        assert_eq!(fast.int(), None);
+        // Not an int, an int beyond i64, a truncated int: left for token() to read or report.
+        for bytes in [
+            &[0xa1, b'x'][..],
+            &[0xcf, 0xff, 0, 0, 0, 0, 0, 0, 0],
+            &[0xd2, 0, 0],
+            &[0xc0],
+        ] {
+            let mut cursor = Cursor::new(bytes);
+            assert_eq!(cursor.int(), None);
+            assert_eq!(cursor.pos, 0);
+        }
+    }
 
     /// Records the events as text, to check what the parser reports.
     #[derive(Default)]

@@ -210,6 +210,22 @@ impl Column {
         Ok(())
     }
 
+    /// The int values of an int column, for appending a run of non-null ints in one go
+    /// (then [`Column::appended_ints`]); `None` for a column of another type.
+    pub fn int_values(&mut self) -> Option<&mut Vec<i64>> {
+        match &mut self.values {
+            Values::Int(values) => Some(values),
+            _ => None,
+        }
+    }
+
+    /// Counts `count` ints appended through [`Column::int_values`].
+    pub fn appended_ints(&mut self, count: usize, bytes: &mut usize) {
+        self.nulls.append_n_non_nulls(count);
+        self.len += count;
+        *bytes += 8 * count;
+    }
+
     pub fn push_null(&mut self) {
         match &mut self.values {
             Values::Untyped => {}

@@ -261,9 +261,14 @@ fn push_msgpack_value(
         Token::Array(items) => {
             column.begin_list()?;
             let child = column.list_items()?;
-            for _ in 0..items {
-                let token = cursor.token()?;
-                push_msgpack_value(child, cursor, token, bytes)?;
+            let mut left = items;
+            while left > 0 {
+                left -= push_msgpack_ints(child, cursor, left, bytes);
+                if left > 0 {
+                    let token = cursor.token()?;
+                    push_msgpack_value(child, cursor, token, bytes)?;
+                    left -= 1;
+                }
             }
             column.end_list(bytes)
         }
@@ -280,6 +285,30 @@ fn push_msgpack_value(
             Ok(())
         }
     }
+}
+
+/// Appends the run of (at most `most`) integers at the cursor to an int column in one tight
+/// loop: token id lists are most of what LLM datasets hold. Returns how many it took (0 for
+/// a column of another type, or when the next value is not an int that fits an i64).
+fn push_msgpack_ints(
+    column: &mut Column,
+    cursor: &mut Cursor<'_>,
+    most: usize,
+    bytes: &mut usize,
+) -> usize {
+    let Some(ints) = column.int_values() else {
+        return 0;
+    };
+    // At least one byte per value: the payload bounds the reservation.
+    ints.reserve(most.min(cursor.remaining()));
+    let mut taken = 0;
+    while taken < most {
+        let Some(value) = cursor.int() else { break };
+        ints.push(value);
+        taken += 1;
+    }
+    column.appended_ints(taken, bytes);
+    taken
 }
 
 /// Passes over a value of an unselected column without building it.
