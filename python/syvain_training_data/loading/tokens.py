@@ -14,6 +14,7 @@ each worker, and ``state_dict`` holds those positions (never tokens).
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import itertools
 import time
@@ -35,8 +36,13 @@ from syvain_training_data.shard import iter_shard_batches
 __all__ = ["TokenDataLoader", "TokenDataset", "TokenPacker", "merge_token_states"]
 
 STATE_KIND = "tokens"
+# A worker sends a batch up to this size as bytes through the DataLoader's pipe: on these
+# machines that is about 3x faster than torch's shared-memory handover (a segment, a file
+# descriptor and a mapping per tensor) for a batch of 8 x 2048 tokens, and the two are even
+# near 1 MiB (benchmarks/tokens_loader.py).
+BY_VALUE_BYTES = 512 << 10
 # (batch, worker, records wholly consumed, tokens of the next record consumed)
-_Tagged = tuple[torch.Tensor, int, int, int]
+_Tagged = tuple[torch.Tensor | bytes, int, int, int]
 
 
 class TokenPacker:
@@ -126,7 +132,8 @@ class TokenDataset(ShardDataset):
         epoch, interrupts = self.epoch, self.token_interrupts
         # A persistent worker's copy advances one epoch per pass, like the loader.
         self.epoch, self.token_interrupts = epoch + 1, ()
-        return self._batches(epoch, interrupts, worker, workers)
+        batches = self._batches(epoch, interrupts, worker, workers)
+        return batches if info is None else _small_by_value(batches)
 
     def _batches(
         self,
@@ -286,7 +293,8 @@ class TokenDataLoader(DataLoader[Any]):
             "finished": False,
         }
         self._pass = progress
-        return self._stats.timed(_tracked(super().__iter__(), progress, workers), started)
+        batches = _tracked(super().__iter__(), progress, workers, self.dataset.seq_len)
+        return self._stats.timed(batches, started)
 
     def stats(self) -> LoaderStats:
         """Counters since this loader was created, summed over the main process and the
@@ -351,8 +359,18 @@ class TokenDataLoader(DataLoader[Any]):
         self._iterator = None
 
 
+def _small_by_value(batches: Iterator[_Tagged]) -> Iterator[_Tagged]:
+    """In a worker: batches of up to BY_VALUE_BYTES as their bytes (int64, native order)."""
+    for batch, worker, whole, offset in batches:
+        if isinstance(batch, torch.Tensor) and batch.nbytes <= BY_VALUE_BYTES:
+            # The packer's batches are contiguous tensors of their own.
+            yield ctypes.string_at(batch.data_ptr(), batch.nbytes), worker, whole, offset
+        else:
+            yield batch, worker, whole, offset
+
+
 def _tracked(
-    batches: Iterator[_Tagged], progress: dict[str, Any], workers: int
+    batches: Iterator[_Tagged], progress: dict[str, Any], workers: int, seq_len: int
 ) -> Iterator[torch.Tensor]:
     # Positions are those of batches the training loop received: batches workers prefetched
     # but the loop never took are not consumed.
@@ -361,6 +379,8 @@ def _tracked(
     for batch, worker, whole, offset in batches:
         positions[worker] = (whole, offset)
         progress["turn"] = (worker + 1) % workers
+        if isinstance(batch, bytes):  # a writable tensor of its own
+            batch = torch.frombuffer(bytearray(batch), dtype=torch.int64).view(-1, seq_len)
         yield batch
     progress["finished"] = True
 
