@@ -481,11 +481,11 @@ def test_same_topology_token_resume_is_the_uninterrupted_stream(lengths, topolog
 # --- tensor batches: load(columns=...) ----------------------------------------------------
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_columns_become_tensor_batches(tmp_path, workers):
+@pytest.mark.parametrize("data_format,workers", [(f, 0) for f in FORMATS] + [("jsonl.gz", 2)])
+def test_columns_become_tensor_batches(tmp_path, data_format, workers):
     client = SyvainTrainingData()
     uri = f"file://{tmp_path}/m.json"
-    saver = client.dataset_saver(uri, data_format="jsonl.gz")
+    saver = client.dataset_saver(uri, data_format=data_format)
     records = [
         {"tokens": list(range(i % 5)), "label": i, "score": i / 2, "ok": i % 2 == 0, "text": str(i)}
         for i in range(30)
@@ -519,3 +519,16 @@ def test_columns_become_tensor_batches(tmp_path, workers):
         list(loader.load("train", columns=["missing"]))
     with pytest.raises(ValueError, match="would collide"):
         loader.load("train", columns=["tokens", "tokens_lengths"])
+
+
+@pytest.mark.parametrize("data_format", FORMATS)
+def test_a_record_without_a_chosen_column_is_named(tmp_path, data_format):
+    client = SyvainTrainingData()
+    uri = f"file://{tmp_path}/m.json"
+    saver = client.dataset_saver(uri, data_format=data_format)
+    saver.save("train", None, [{"tokens": [1, 2], "label": 0}, {"label": 1}])
+    saver.commit_manifest()
+    loader = client.split_data_loader(uri, None, {"batch_size": 2})
+    assert next(iter(loader.load("train", columns=["label"])))["label"].tolist() == [0, 1]
+    with pytest.raises(ValueError, match="no column 'tokens'"):
+        list(loader.load("train", columns=["tokens", "label"]))

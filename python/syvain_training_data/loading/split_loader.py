@@ -25,7 +25,7 @@ from syvain_training_data.loading import plan
 from syvain_training_data.loading.dataloader import SyvainDataLoader, endless
 from syvain_training_data.loading.dataset import ShardDataset, ShardTable, stream_tables
 from syvain_training_data.loading.selection import select_shards
-from syvain_training_data.loading.tensors import TensorCollate
+from syvain_training_data.loading.tensors import ColumnDataset, TensorCollate
 from syvain_training_data.manifest import DataManifest, ManifestShard
 from syvain_training_data.storage import StorageConfig
 from syvain_training_data.uris import check_shard_scheme
@@ -293,7 +293,15 @@ class SplitDataLoader:
         )
         batch_size = args.get("batch_size", 1)
         drop_last = bool(args.get("drop_last", False)) and batch_size is not None
-        dataset = ShardDataset(
+        collate_fn = self.collate_fn
+        dataset_type: type[ShardDataset] = ShardDataset
+        extra: dict[str, Any] = {}
+        if columns is not None:
+            if collate_fn is not None:
+                raise ValueError("Pass collate_fn=None to split_data_loader to load columns")
+            collate_fn = TensorCollate(columns, pad_value)
+            dataset_type, extra = ColumnDataset, {"columns": collate_fn.columns}
+        dataset = dataset_type(
             self.manifest.data_format,
             table,
             selection,
@@ -303,12 +311,8 @@ class SplitDataLoader:
             world_size=world_size,
             batch_size=1 if batch_size is None else batch_size,
             drop_last=drop_last,
+            **extra,
         )
-        collate_fn = self.collate_fn
-        if columns is not None:
-            if collate_fn is not None:
-                raise ValueError("Pass collate_fn=None to split_data_loader to load columns")
-            collate_fn = TensorCollate(columns, pad_value)
         loader = SyvainDataLoader(
             dataset, collate_fn=collate_fn, log_stats_every=log_stats_every, **args
         )

@@ -1,17 +1,124 @@
 """Tensor batches: ``SplitDataLoader.load(..., columns=[...])``.
 
-The batch is built where the records are read (in the DataLoader worker), so it travels to the
-training process through shared memory as tensors instead of being pickled record by record.
+The records hold only the chosen columns, read from the native decoders' Arrow batches
+(``iter_shard_batches``): a list-of-ints column arrives as an int64 tensor per record, a slice
+of the batch's values, so no Python int is made per item. The batch is built where the records
+are read (in the DataLoader worker), and travels to the training process as tensors instead of
+being pickled record by record.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
-__all__ = ["TensorCollate", "lengths_key"]
+from syvain_training_data import _native
+from syvain_training_data._native import ShardBatch
+from syvain_training_data.loading.dataset import ShardDataset
+from syvain_training_data.loading.reader import ShardRange
+from syvain_training_data.shard import iter_shard_batches
+
+__all__ = ["ColumnDataset", "TensorCollate", "int_lists", "lengths_key"]
+
+
+def int_lists(batch: Any, column: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(offsets, int64 values) of a list-of-ints column of a native or pyarrow batch, without a
+    copy of the native buffers. Raises KeyError for a missing column, ValueError or TypeError
+    for one that is not a list of ints without nulls."""
+    if isinstance(batch, ShardBatch):
+        offsets, values = batch.int_list_buffers(column)
+        return _tensor(offsets, torch.int32), _tensor(values, torch.int64)
+    return _arrow_int_lists(batch.column(column))
+
+
+def _tensor(buffer: Any, dtype: torch.dtype) -> torch.Tensor:
+    if len(buffer) == 0:
+        return torch.empty(0, dtype=dtype)
+    with warnings.catch_warnings():
+        # The buffer is read-only and so is the view: whoever yields it copies it first.
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(buffer, dtype=dtype)
+
+
+def _arrow_int_lists(column: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pyarrow list-of-integers array (from a Parquet shard) as (offsets, int64 values)."""
+    import pyarrow as pa
+
+    if not pa.types.is_list(column.type) or column.null_count:
+        raise TypeError(f"{column.type} with {column.null_count} nulls")
+    values = column.values
+    if not (pa.types.is_integer(values.type) or pa.types.is_null(values.type)):
+        raise TypeError(str(column.type))
+    if values.null_count and not pa.types.is_null(values.type):
+        raise TypeError(f"{column.type} with null items")
+    offsets = torch.from_numpy(column.offsets.to_numpy().astype("int64"))
+    flat = values.cast(pa.int64()).to_numpy(zero_copy_only=False)
+    return offsets, torch.from_numpy(flat.astype("int64", copy=True))
+
+
+class ColumnDataset(ShardDataset):
+    """A :class:`ShardDataset` whose records are dicts of ``columns`` only, read as Arrow
+    batches: list-of-ints columns as int64 tensors, the others as Python values; a null (a
+    record without the key) leaves the key out."""
+
+    def __init__(self, *args: Any, columns: Sequence[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.columns = list(columns)
+
+    def _open(self, shard_range: ShardRange) -> Iterator[dict[str, Any]]:
+        index, start, stop = shard_range
+        shard = self.table.shard(index)
+        batches = iter_shard_batches(
+            self.data_format,
+            shard,
+            columns=self.columns,
+            storage_config=self.storage_config,
+            start=start,
+            stop=stop,
+        )
+        for batch in batches:
+            yield from _batch_records(batch, self.columns)
+
+
+def _batch_records(batch: Any, columns: Sequence[str]) -> Iterator[dict[str, Any]]:
+    by_column: dict[str, list[Any]] = {}
+    others = []
+    for column in columns:
+        try:
+            offsets, values = int_lists(batch, column)
+        except (KeyError, ValueError, TypeError):
+            others.append(column)
+            continue
+        bounds = offsets.tolist()
+        by_column[column] = [values[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    if others:
+        by_column.update(_python_columns(batch, others))
+    for row in range(batch.num_rows):
+        record = {}
+        for column in columns:
+            value = by_column[column][row]
+            if value is not None:
+                record[column] = value
+        yield record
+
+
+def _python_columns(batch: Any, columns: Sequence[str]) -> dict[str, list[Any]]:
+    if not isinstance(batch, ShardBatch):  # pyarrow's own (Parquet)
+        return {column: batch.column(column).to_pylist() for column in columns}
+
+    def with_pyarrow(index: int) -> list[Any]:
+        import pyarrow as pa
+
+        values: list[Any] = pa.record_batch(batch).column(index).to_pylist()
+        return values
+
+    schema, array = batch.__arrow_c_array__()
+    rows = _native.rows_from_arrow(schema, array, with_pyarrow)
+    return {column: [row.get(column) for row in rows] for column in columns}
 
 
 def lengths_key(column: str) -> str:
@@ -53,7 +160,14 @@ class TensorCollate:
                 raise ValueError(f"A record of the batch has no column {column!r}") from None
             first = values[0]
             try:
-                if isinstance(first, list | tuple):
+                if isinstance(first, torch.Tensor):  # int lists read from Arrow arrays
+                    if not all(isinstance(v, torch.Tensor) for v in values):
+                        raise TypeError("mixed kinds")
+                    batch[column] = pad_sequence(
+                        values, batch_first=True, padding_value=self.pad_value
+                    )
+                    batch[lengths_key(column)] = torch.tensor([len(v) for v in values])
+                elif isinstance(first, list | tuple):
                     # Padded in Python, then one conversion: far cheaper than a tensor per row.
                     lengths = [len(v) for v in values]
                     longest = max(lengths)

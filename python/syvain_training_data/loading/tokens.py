@@ -18,19 +18,18 @@ import ctypes
 import hashlib
 import itertools
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
-from syvain_training_data._native import ShardBatch
 from syvain_training_data.loading import plan
 from syvain_training_data.loading.dataloader import MAX_INTERRUPTS, STATE_VERSION
 from syvain_training_data.loading.dataset import ShardDataset
 from syvain_training_data.loading.reader import ShardRange, consumer_records
 from syvain_training_data.loading.stats import PUBLISH_MASK, ConsumerSlots, LoaderStats, StatsClock
+from syvain_training_data.loading.tensors import int_lists
 from syvain_training_data.shard import iter_shard_batches
 
 __all__ = ["TokenDataLoader", "TokenDataset", "TokenPacker", "merge_token_states"]
@@ -205,40 +204,12 @@ class TokenDataset(ShardDataset):
     def _int_lists(self, batch: Any, uri: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(offsets, int64 values) of the token column of a native or pyarrow batch."""
         try:
-            if isinstance(batch, ShardBatch):
-                offsets, values = batch.int_list_buffers(self.column)
-                return _tensor(offsets, torch.int32), _tensor(values, torch.int64)
-            return _arrow_int_lists(batch.column(self.column))
+            return int_lists(batch, self.column)
         except (KeyError, ValueError, TypeError) as error:
             raise ValueError(
                 f"The token column {self.column!r} of shard {uri} is not a list of int token "
                 f"ids in every record ({error})"
             ) from None
-
-
-def _tensor(buffer: Any, dtype: torch.dtype) -> torch.Tensor:
-    if len(buffer) == 0:
-        return torch.empty(0, dtype=dtype)
-    with warnings.catch_warnings():
-        # The buffer is read-only and so is the view: the packer copies what it yields.
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.frombuffer(buffer, dtype=dtype)
-
-
-def _arrow_int_lists(column: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """A pyarrow list-of-integers array (from a Parquet shard) as (offsets, int64 values)."""
-    import pyarrow as pa
-
-    if not pa.types.is_list(column.type) or column.null_count:
-        raise TypeError(f"{column.type} with {column.null_count} nulls")
-    values = column.values
-    if not (pa.types.is_integer(values.type) or pa.types.is_null(values.type)):
-        raise TypeError(str(column.type))
-    if values.null_count and not pa.types.is_null(values.type):
-        raise TypeError(f"{column.type} with null items")
-    offsets = torch.from_numpy(column.offsets.to_numpy().astype("int64"))
-    flat = values.cast(pa.int64()).to_numpy(zero_copy_only=False)
-    return offsets, torch.from_numpy(flat.astype("int64", copy=False))
 
 
 def _as_is(batch: Any) -> Any:
