@@ -18,6 +18,7 @@ use crate::error::{refuse_special_file, NativeError, NativeResult};
 use crate::ops::{log_warning, with_retries};
 use crate::policy;
 use crate::runtime::fork_guard;
+use crate::runtime::SIGNAL_POLL;
 use crate::store::{build_store, Location, StoreConfig};
 use crate::stream::{Received, StoreFactory, StreamReader, StreamRequest};
 use crate::upload::put_payload;
@@ -357,9 +358,6 @@ pub struct ObjectStream {
     /// The unread tail of a chunk that `read(size)` split.
     pending: Option<Bytes>,
 }
-
-/// How long the consumer sleeps in Rust before looking for Ctrl-C.
-const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
 /// Pulls the next chunk with the GIL released, logging retries and honouring Ctrl-C.
 pub fn next_chunk_interruptible(

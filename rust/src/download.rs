@@ -8,7 +8,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use pyo3::prelude::*;
 use sha2::{Digest, Sha256};
@@ -16,10 +16,8 @@ use sha2::{Digest, Sha256};
 use crate::client::NativeStorage;
 use crate::error::{io_error, NativeError, NativeResult};
 use crate::ops::log_warning;
+use crate::runtime::SIGNAL_POLL;
 use crate::stream::{Received, StreamReader};
-
-/// How long the download runs without the GIL before it looks for Ctrl-C and logs retries.
-const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
 /// The partial file, removed unless the download finished.
 struct PartialFile {

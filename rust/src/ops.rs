@@ -9,11 +9,9 @@ use pyo3::prelude::*;
 use crate::classify::{first_line, Failure};
 use crate::error::{NativeError, NativeResult};
 use crate::policy::{self, Budget};
+use crate::runtime::SIGNAL_POLL;
 use crate::runtime::{fork_guard, runtime};
 use tokio::task::JoinHandle;
-
-/// How often a blocked call wakes to look for Ctrl-C.
-const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
 /// How long Ctrl-C waits for cleanups (aborting a multipart upload) before it is reported.
 const CLEANUP_GRACE: Duration = Duration::from_secs(10);

@@ -16,6 +16,10 @@ use tokio::runtime::{Builder, Runtime};
 
 use crate::error::{NativeError, NativeResult};
 
+/// How long a call blocked in Rust (without the GIL) waits before it takes the GIL back to
+/// look for Ctrl-C (and log what it has to log): one value for every waiting loop.
+pub const SIGNAL_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
 static RUNTIME: Mutex<Option<(u32, Arc<Runtime>)>> = Mutex::new(None);
 
 /// Shared by every short critical section; taken exclusively around `fork()`.

@@ -8,7 +8,6 @@ mod records;
 
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::Mutex;
-use std::time::Duration;
 
 use arrow_array::RecordBatch;
 use bytes::Bytes;
@@ -23,6 +22,7 @@ use super::py_build::MAX_JSON_DEPTH;
 use super::zstf::ZstfFrames;
 use super::{count_mismatch, found_more, shard_error, Failure, RecordRange, ShardFormat};
 use crate::error::{NativeError, NativeResult};
+use crate::runtime::SIGNAL_POLL;
 use crate::source::{ByteSource, MemorySource};
 
 /// A batch is cut at its row count or once its values take about this much memory, so a
@@ -30,8 +30,6 @@ use crate::source::{ByteSource, MemorySource};
 pub const BATCH_BYTES: usize = 16 << 20;
 /// Built batches waiting for the caller.
 const CHANNEL_BATCHES: usize = 1;
-/// How often a waiting reader takes the GIL back to check for Ctrl-C.
-const SIGNAL_POLL: Duration = Duration::from_millis(100);
 /// The builder recurses once per nesting level (at most 1000): room for that, with margin.
 const DECODER_STACK: usize = 16 << 20;
 const LOGGER: &str = "syvain_training_data";
