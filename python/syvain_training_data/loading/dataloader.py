@@ -19,17 +19,18 @@ from syvain_training_data.loading import plan
 from syvain_training_data.loading.dataset import ShardDataset
 from syvain_training_data.loading.stats import ConsumerSlots, LoaderStats, StatsClock
 
-__all__ = ["SyvainDataLoader", "endless"]
+__all__ = ["EpochLoader", "SyvainDataLoader", "endless"]
 
 STATE_VERSION = 2
 # Interrupted runs one state can name: at 28 bytes each, far inside SPEC's 4 KiB.
 MAX_INTERRUPTS = 100
 
 
-class SyvainDataLoader(DataLoader[Any]):
-    """A torch DataLoader over a :class:`ShardDataset`. Each pass is the next epoch (0, 1, ...
-    unless :meth:`set_epoch` says otherwise); ``state_dict`` / ``load_state_dict`` follow
-    torchdata's protocol and resume on any number of ranks and workers and any batch size."""
+class EpochLoader[InterruptT](DataLoader[Any]):
+    """What the loaders of ``load`` and ``load_tokens`` share: each pass is the next epoch (0,
+    1, ... unless :meth:`set_epoch` says otherwise), resumed after the interrupted runs a
+    ``load_state_dict`` gave (``InterruptT``: how its state names one), with counters for
+    :meth:`stats`."""
 
     dataset: ShardDataset
 
@@ -41,10 +42,10 @@ class SyvainDataLoader(DataLoader[Any]):
         dataset.counters = ConsumerSlots(self.num_workers)
         self._stats = StatsClock(dataset.counters, self.num_workers, log_stats_every)
         self._next_epoch = 0
-        self._resume: tuple[plan.Interrupt, ...] = ()
+        self._resume: tuple[InterruptT, ...] = ()
         self._pass: dict[str, Any] | None = None
         # The pass persistent workers run next if left alone (their dataset copies advance).
-        self._workers_next: tuple[int, tuple[plan.Interrupt, ...]] | None = None
+        self._workers_next: tuple[int, tuple[InterruptT, ...]] | None = None
 
     @property
     def _topology(self) -> plan.Topology:
@@ -56,15 +57,32 @@ class SyvainDataLoader(DataLoader[Any]):
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
         self._next_epoch, self._resume = epoch, ()
 
-    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        started = time.perf_counter()
+    def _begin_pass(self) -> tuple[int, tuple[InterruptT, ...]]:
+        """Takes the next pass's epoch and the runs it resumes after; the caller hands them to
+        its dataset before the workers start."""
         epoch, interrupts = self._next_epoch, self._resume
         self._next_epoch, self._resume = epoch + 1, ()
         self.dataset.set_epoch(epoch)
-        self.dataset.interrupts = interrupts
         if self.persistent_workers and self._workers_next != (epoch, interrupts):
             self._iterator = None  # the workers would run another pass: restart them
         self._workers_next = (epoch + 1, ())
+        return epoch, interrupts
+
+    def stats(self) -> LoaderStats:
+        """Counters since this loader was created, summed over the main process and the
+        workers (see :class:`~syvain_training_data.loading.stats.LoaderStats`)."""
+        return self._stats.snapshot()
+
+
+class SyvainDataLoader(EpochLoader[plan.Interrupt]):
+    """A torch DataLoader over a :class:`ShardDataset`. Each pass is the next epoch;
+    ``state_dict`` / ``load_state_dict`` follow torchdata's protocol and resume on any number
+    of ranks and workers and any batch size."""
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        started = time.perf_counter()
+        epoch, interrupts = self._begin_pass()
+        self.dataset.interrupts = interrupts
         progress: dict[str, Any] = {
             "epoch": epoch,
             "interrupts": interrupts,
@@ -73,11 +91,6 @@ class SyvainDataLoader(DataLoader[Any]):
         }
         self._pass = progress
         return _counted(self._stats.timed(super().__iter__(), started), progress)
-
-    def stats(self) -> LoaderStats:
-        """Counters since this loader was created, summed over the main process and the
-        workers (see :class:`~syvain_training_data.loading.stats.LoaderStats`)."""
-        return self._stats.snapshot()
 
     def __len__(self) -> int:
         """Batches this rank yields in the next pass."""

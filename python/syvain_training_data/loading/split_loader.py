@@ -23,7 +23,7 @@ except ModuleNotFoundError as error:  # pragma: no cover - exercised without the
 
 from syvain_training_data.loading import plan
 from syvain_training_data.loading.dataloader import SyvainDataLoader, endless
-from syvain_training_data.loading.dataset import ShardDataset, ShardTable, stream_tables
+from syvain_training_data.loading.dataset import ShardDataset, stream_tables
 from syvain_training_data.loading.selection import select_shards
 from syvain_training_data.loading.tensors import ColumnDataset, TensorCollate
 from syvain_training_data.manifest import DataManifest, ManifestShard
@@ -162,9 +162,10 @@ class SplitDataLoader:
         shuffle_buffer: int | None,
         mixing_weights: Mapping[str, float] | str | None,
         mixing_stop: str,
-    ) -> tuple[plan.Selection, ShardTable, tuple[tuple[int, ...], ...], int, int, dict[str, Any]]:
-        """(selection, shard table, per stream its shards, rank, world_size, DataLoader
-        arguments) of a ``load`` call; raises its ValueErrors."""
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The dataset's arguments (all but ``batch_size`` and ``drop_last``: the format,
+        shard table, selection, per stream its shards, storage, rank and world_size) and the
+        DataLoader's of a ``load`` call; raises its ValueErrors."""
         if (
             mixing_weights is not None
             and curriculum_stages is None
@@ -213,7 +214,16 @@ class SplitDataLoader:
                 args.pop(name, None)
             if args.get("timeout", 0) > 0:
                 args.pop("timeout")
-        return selection, table, stream_shards, rank, world_size, args
+        planned = {
+            "data_format": self.manifest.data_format,
+            "table": table,
+            "selection": selection,
+            "stream_shards": stream_shards,
+            "storage_config": self.storage_config,
+            "rank": rank,
+            "world_size": world_size,
+        }
+        return planned, args
 
     def load(
         self,
@@ -279,7 +289,7 @@ class SplitDataLoader:
                 epoch yields none.
         """
         del stateful  # every loader is stateful
-        selection, table, stream_shards, rank, world_size, args = self._plan(
+        planned, args = self._plan(
             split,
             curriculum_stage,
             curriculum_stages,
@@ -302,13 +312,7 @@ class SplitDataLoader:
             collate_fn = TensorCollate(columns, pad_value)
             dataset_type, extra = ColumnDataset, {"columns": collate_fn.columns}
         dataset = dataset_type(
-            self.manifest.data_format,
-            table,
-            selection,
-            stream_shards,
-            storage_config=self.storage_config,
-            rank=rank,
-            world_size=world_size,
+            **planned,
             batch_size=1 if batch_size is None else batch_size,
             drop_last=drop_last,
             **extra,
@@ -369,7 +373,7 @@ class SplitDataLoader:
             raise ValueError(f"seq_len must be at least 1, got {seq_len}")
         if eos_id is not None:
             eos_id = _check_index(eos_id, "eos_id")
-        selection, table, stream_shards, rank, world_size, args = self._plan(
+        planned, args = self._plan(
             split,
             curriculum_stage,
             curriculum_stages,
@@ -385,13 +389,7 @@ class SplitDataLoader:
         batch_size = 1 if batch_size is None else _check_index(batch_size, "batch_size")
         drop_last = bool(args.pop("drop_last", False))
         dataset = TokenDataset(
-            self.manifest.data_format,
-            table,
-            selection,
-            stream_shards,
-            storage_config=self.storage_config,
-            rank=rank,
-            world_size=world_size,
+            **planned,
             batch_size=batch_size,
             drop_last=drop_last,
             column=column,

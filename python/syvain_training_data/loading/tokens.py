@@ -22,13 +22,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data import get_worker_info
 
 from syvain_training_data.loading import plan
-from syvain_training_data.loading.dataloader import MAX_INTERRUPTS, STATE_VERSION
+from syvain_training_data.loading.dataloader import MAX_INTERRUPTS, STATE_VERSION, EpochLoader
 from syvain_training_data.loading.dataset import ShardDataset
 from syvain_training_data.loading.reader import ShardRange, consumer_records
-from syvain_training_data.loading.stats import PUBLISH_MASK, ConsumerSlots, LoaderStats, StatsClock
+from syvain_training_data.loading.stats import PUBLISH_MASK
 from syvain_training_data.loading.tensors import int_lists
 from syvain_training_data.shard import iter_shard_batches
 
@@ -216,7 +216,7 @@ def _as_is(batch: Any) -> Any:
     return batch
 
 
-class TokenDataLoader(DataLoader[Any]):
+class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
     """The DataLoader ``load_tokens`` returns: int64 tensors of shape (batch, seq_len). Each
     pass is the next epoch; ``state_dict`` / ``load_state_dict`` resume exactly on any number of
     ranks, workers and any batch size (see :func:`merge_token_states` for ranks that are not one
@@ -227,34 +227,18 @@ class TokenDataLoader(DataLoader[Any]):
     def __init__(
         self, dataset: TokenDataset, *, log_stats_every: float | None = None, **kwargs: Any
     ) -> None:
-        super().__init__(dataset, batch_size=None, collate_fn=_as_is, **kwargs)
-        # Created before any worker starts: each worker writes its own row.
-        dataset.counters = ConsumerSlots(self.num_workers)
-        self._stats = StatsClock(dataset.counters, self.num_workers, log_stats_every)
-        self._next_epoch = 0
-        self._resume: tuple[plan.TokenInterrupt, ...] = ()
-        self._pass: dict[str, Any] | None = None
-        self._workers_next: tuple[int, tuple[plan.TokenInterrupt, ...]] | None = None
-
-    @property
-    def _topology(self) -> plan.Topology:
-        return self.dataset.topology(self.num_workers)
-
-    def set_epoch(self, epoch: int) -> None:
-        """The epoch of the next pass (a pending resume is dropped)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
-        self._next_epoch, self._resume = epoch, ()
+        super().__init__(
+            dataset,
+            log_stats_every=log_stats_every,
+            batch_size=None,
+            collate_fn=_as_is,
+            **kwargs,
+        )
 
     def __iter__(self) -> Iterator[torch.Tensor]:  # type: ignore[override]
         started = time.perf_counter()
-        epoch, interrupts = self._next_epoch, self._resume
-        self._next_epoch, self._resume = epoch + 1, ()
-        self.dataset.set_epoch(epoch)
+        epoch, interrupts = self._begin_pass()
         self.dataset.token_interrupts = interrupts
-        if self.persistent_workers and self._workers_next != (epoch, interrupts):
-            self._iterator = None  # the workers would run another pass: restart them
-        self._workers_next = (epoch + 1, ())
         workers = self._topology.workers
         progress: dict[str, Any] = {
             "epoch": epoch,
@@ -266,12 +250,6 @@ class TokenDataLoader(DataLoader[Any]):
         self._pass = progress
         batches = _tracked(super().__iter__(), progress, workers, self.dataset.seq_len)
         return self._stats.timed(batches, started)
-
-    def stats(self) -> LoaderStats:
-        """Counters since this loader was created, summed over the main process and the
-        workers (see :class:`~syvain_training_data.loading.stats.LoaderStats`; ``records``
-        counts the records whose tokens the consumers read)."""
-        return self._stats.snapshot()
 
     def _rank_entry(self, progress: dict[str, Any]) -> list[int]:
         flat = [value for position in progress["positions"] for value in position]
