@@ -190,20 +190,7 @@ impl NativeStorage {
 
     /// (size, etag) of an object; the etag is "" where the store gives none.
     fn head(&self, py: Python<'_>, uri: &str) -> NativeResult<(u64, String)> {
-        let location = Location::parse(uri, false)?;
-        let path = location.object_path();
-        let owned_uri = uri.to_string();
-        with_retries(py, "HEAD", uri, |fresh| {
-            let store = self.store(&location, fresh)?;
-            let (path, uri) = (path.clone(), owned_uri.clone());
-            Ok(async move {
-                let meta = store
-                    .head(&path)
-                    .await
-                    .map_err(|e| classify(&uri, e, None))?;
-                Ok((meta.size, meta.e_tag.unwrap_or_default()))
-            })
-        })
+        crate::upload::head(py, self, uri)
     }
 
     /// Writes an object; `create_only` refuses to replace one (FileExistsError).

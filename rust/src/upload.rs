@@ -276,8 +276,13 @@ fn put_local_file(uri: &str, dest: &FsPath, src: &FsPath, create_only: bool) -> 
     }
 }
 
-/// (size, etag) of an object, under the retry budget.
-fn head(py: Python<'_>, storage: &NativeStorage, uri: &str) -> NativeResult<(u64, String)> {
+/// (size, etag) of an object, under the retry budget; the etag is "" where the store gives
+/// none. `NativeStorage.head` and the upload paths share it.
+pub(crate) fn head(
+    py: Python<'_>,
+    storage: &NativeStorage,
+    uri: &str,
+) -> NativeResult<(u64, String)> {
     let location = Location::parse(uri, false)?;
     let path = location.object_path();
     let owned_uri = uri.to_string();
