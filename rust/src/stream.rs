@@ -229,14 +229,21 @@ fn body_stream(response: GetResult) -> BoxStream<'static, object_store::Result<B
                         return Ok(None);
                     }
                     let want = (end - position).min(piece as u64);
-                    let read = tokio::task::spawn_blocking(move || {
+                    let read_piece = move || {
                         // Read into spare capacity: no zeroing of a buffer about to be filled.
                         let mut buffer = Vec::with_capacity(want as usize);
                         file.seek(SeekFrom::Start(position))?;
                         (&mut file).take(want).read_to_end(&mut buffer)?;
                         Ok::<_, std::io::Error>((file, buffer))
-                    })
-                    .await;
+                    };
+                    // The first, small read runs right here: two thread hand-offs fewer before
+                    // a shard's first record. The large ones go to the blocking pool, so a
+                    // slow disk never holds up the runtime's other streams for long.
+                    let read = if piece == FIRST_FILE_READ {
+                        Ok(read_piece())
+                    } else {
+                        tokio::task::spawn_blocking(read_piece).await
+                    };
                     let generic = |source: Box<dyn std::error::Error + Send + Sync>| {
                         object_store::Error::Generic {
                             store: "LocalFileSystem",
