@@ -20,6 +20,7 @@ from syvain_training_data import _native
 from syvain_training_data._native import ShardBatch
 from syvain_training_data.loading.dataset import ShardDataset
 from syvain_training_data.loading.reader import ShardRange
+from syvain_training_data.loading.transfer import for_transfer
 from syvain_training_data.shard import iter_shard_batches
 
 __all__ = ["ColumnDataset", "TensorCollate", "int_lists", "lengths_key"]
@@ -152,6 +153,9 @@ class TensorCollate:
         self.pad_value = pad_value
 
     def __call__(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        return for_transfer(self._collate(records))  # type: ignore[no-any-return]
+
+    def _collate(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         batch: dict[str, Any] = {}
         for column in self.columns:
             try:

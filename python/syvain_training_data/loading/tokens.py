@@ -14,7 +14,6 @@ each worker, and ``state_dict`` holds those positions (never tokens).
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import itertools
 import time
@@ -30,18 +29,14 @@ from syvain_training_data.loading.dataset import ShardDataset
 from syvain_training_data.loading.reader import ShardRange, consumer_records
 from syvain_training_data.loading.stats import PUBLISH_MASK
 from syvain_training_data.loading.tensors import int_lists
+from syvain_training_data.loading.transfer import for_transfer
 from syvain_training_data.shard import iter_shard_batches
 
 __all__ = ["TokenDataLoader", "TokenDataset", "TokenPacker", "merge_token_states"]
 
 STATE_KIND = "tokens"
-# A worker sends a batch up to this size as bytes through the DataLoader's pipe: on these
-# machines that is about 3x faster than torch's shared-memory handover (a segment, a file
-# descriptor and a mapping per tensor) for a batch of 8 x 2048 tokens, and the two are even
-# near 1 MiB (benchmarks/tokens_loader.py).
-BY_VALUE_BYTES = 512 << 10
 # (batch, worker, records wholly consumed, tokens of the next record consumed)
-_Tagged = tuple[torch.Tensor | bytes, int, int, int]
+_Tagged = tuple[torch.Tensor, int, int, int]
 
 
 class TokenPacker:
@@ -131,8 +126,7 @@ class TokenDataset(ShardDataset):
         epoch, interrupts = self.epoch, self.token_interrupts
         # A persistent worker's copy advances one epoch per pass, like the loader.
         self.epoch, self.token_interrupts = epoch + 1, ()
-        batches = self._batches(epoch, interrupts, worker, workers)
-        return batches if info is None else _small_by_value(batches)
+        return map(for_transfer, self._batches(epoch, interrupts, worker, workers))
 
     def _batches(
         self,
@@ -248,7 +242,7 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
             "finished": False,
         }
         self._pass = progress
-        batches = _tracked(super().__iter__(), progress, workers, self.dataset.seq_len)
+        batches = _tracked(super().__iter__(), progress, workers)
         return self._stats.timed(batches, started)
 
     def _rank_entry(self, progress: dict[str, Any]) -> list[int]:
@@ -308,18 +302,8 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
         self._iterator = None
 
 
-def _small_by_value(batches: Iterator[_Tagged]) -> Iterator[_Tagged]:
-    """In a worker: batches of up to BY_VALUE_BYTES as their bytes (int64, native order)."""
-    for batch, worker, whole, offset in batches:
-        if isinstance(batch, torch.Tensor) and batch.nbytes <= BY_VALUE_BYTES:
-            # The packer's batches are contiguous tensors of their own.
-            yield ctypes.string_at(batch.data_ptr(), batch.nbytes), worker, whole, offset
-        else:
-            yield batch, worker, whole, offset
-
-
 def _tracked(
-    batches: Iterator[_Tagged], progress: dict[str, Any], workers: int, seq_len: int
+    batches: Iterator[_Tagged], progress: dict[str, Any], workers: int
 ) -> Iterator[torch.Tensor]:
     # Positions are those of batches the training loop received: batches workers prefetched
     # but the loop never took are not consumed.
@@ -328,8 +312,6 @@ def _tracked(
     for batch, worker, whole, offset in batches:
         positions[worker] = (whole, offset)
         progress["turn"] = (worker + 1) % workers
-        if isinstance(batch, bytes):  # a writable tensor of its own
-            batch = torch.frombuffer(bytearray(batch), dtype=torch.int64).view(-1, seq_len)
         yield batch
     progress["finished"] = True
 
