@@ -22,7 +22,6 @@ model. The selected examples (about 33 KB each) are held in memory until they ar
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from syvain_training_data.representation.publication import (
     SOURCES,
     SPLITS,
     Pair,
+    is_sha256_hex,
     load_publication,
     publication_prefix,
 )
@@ -58,7 +58,6 @@ __all__ = [
 
 TEACHER_LAYERS: Final = (0, 3, 7, 11, 15, 19, 23, 27, 31)
 STATE_KINDS: Final = ("residual_pre", "post_attention", "post_mlp")
-_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -122,7 +121,7 @@ def _check_request(
 ) -> _Request:
     publication_prefix(_check_str(manifest_uri, "manifest_uri"))
     digest = _check_str(manifest_sha256, "manifest_sha256")
-    if _SHA256_HEX.fullmatch(digest) is None:
+    if not is_sha256_hex(digest):
         raise ValueError(
             f"manifest_sha256 must be 64 lowercase hex digits, got {manifest_sha256!r}"
         )
