@@ -1,4 +1,4 @@
-"""`python -m syvain_training_data`: the `syvain-data` command (see `cli.py`)."""
+"""`python -m syvain_training_data`: the `syvain-data` command (see `cli/`)."""
 
 from __future__ import annotations
 

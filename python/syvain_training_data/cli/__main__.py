@@ -1,0 +1,10 @@
+"""`python -m syvain_training_data.cli`: the `syvain-data` command."""
+
+from __future__ import annotations
+
+import sys
+
+from syvain_training_data.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

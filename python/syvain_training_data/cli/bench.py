@@ -1,0 +1,81 @@
+"""``syvain-data bench``: read a split with SplitDataLoader as training does, and print the
+rates and the loader's counters."""
+
+from __future__ import annotations
+
+import time
+
+from syvain_training_data.cli.context import Context, check_schemes, manifest_uri
+from syvain_training_data.cli.output import human_bytes, isatty, plural
+from syvain_training_data.cli.shards import selected_shards
+
+
+def _bench_batch(records: list[object]) -> list[object]:
+    """The batch as a list of records (module level: spawned workers import it)."""
+    return records
+
+
+def bench_command(ctx: Context) -> None:
+    from syvain_training_data.demo import progress
+    from syvain_training_data.loading.split_loader import SplitDataLoader
+
+    args = ctx.args
+    uri = manifest_uri(ctx, args.manifest)
+    manifest = ctx.client.load_manifest(uri)
+    split, shards = selected_shards(ctx, manifest)
+    check_schemes(ctx, uri, shards)
+    loader = SplitDataLoader(
+        manifest,
+        _bench_batch,
+        {"batch_size": args.batch_size, "num_workers": args.workers},
+        storage_config=ctx.client.storage_config,
+        manifest_uri=uri,
+        allow_mixed_schemes=args.allow_mixed_schemes,
+    ).load(split, args.stage)
+    total, done, received = len(loader), 0, 0
+    stopped = "the end of the split"
+    started = drawn = time.perf_counter()
+    for batch in loader:
+        done += 1
+        received += len(batch)
+        now = time.perf_counter()
+        if args.progress and (now - drawn >= 0.1 or done == total):
+            drawn = now
+            progress("bench", done, total, started, stream=ctx.stderr)
+        if now - started >= args.seconds and done < total:
+            stopped = f"{args.seconds:g} s"
+            break
+    elapsed = time.perf_counter() - started
+    if args.progress and done < total and isatty(ctx.stderr):
+        ctx.stderr.write("\n")
+    stats = loader.stats()
+    selected = f"{split}" + (f", stage {args.stage}" if args.stage else "")
+    size = sum(shard.size_bytes for shard in shards)
+    first_batch = "-" if stats.first_batch_s is None else f"{stats.first_batch_s:.3f} s"
+    retries = ", ".join(f"{cause} {count}" for cause, count in stats.retries.items())
+    rows = [
+        ("manifest", uri),
+        (
+            "split",
+            f"{selected}: {plural(sum(s.records for s in shards), 'record')}, "
+            f"{plural(len(shards), 'shard')}, {human_bytes(size)}",
+        ),
+        ("loader", f"{plural(stats.workers, 'worker')}, batch size {args.batch_size}"),
+        ("read", f"{received:,} records in {done:,} batch{'es' * (done != 1)}, {elapsed:.2f} s"),
+        ("stopped at", stopped),
+        ("records/s", f"{received / elapsed:,.0f}"),
+        ("MB/s", f"{stats.bytes / 1e6 / elapsed:,.2f}"),
+        ("first batch", first_batch),
+        ("waited", f"{stats.waited_s:.2f} s for batches"),
+        ("records", f"{stats.records:,} read by the loader (prefetched included)"),
+        ("bytes", f"{stats.bytes:,} received from the store"),
+        ("shard opens", f"{stats.shard_opens:,}"),
+        (
+            "first record",
+            f"mean {stats.first_record_mean_s:.3f} s, max {stats.first_record_max_s:.3f} s",
+        ),
+        ("retries", f"{sum(stats.retries.values())} ({retries})"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}", file=ctx.stdout)

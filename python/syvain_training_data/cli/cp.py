@@ -1,0 +1,132 @@
+"""``syvain-data cp``: copy a manifest, and with ``--with-shards`` its shards (verified)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from syvain_training_data.cli.context import Context, check_schemes, require_credentials, to_uri
+from syvain_training_data.cli.output import Progress, plural
+from syvain_training_data.cli.shards import unique_shards
+from syvain_training_data.manifest import (
+    DataManifest,
+    ManifestShard,
+    canonical_manifest_bytes,
+    parse_manifest,
+)
+from syvain_training_data.shard import iter_shard
+from syvain_training_data.storage import get_object, put_object
+
+
+def _parent(uri: str) -> str:
+    return uri.rsplit("/", 1)[0]
+
+
+def copy_layout(source_manifest: str, destination_manifest: str, shard_uri: str) -> str:
+    """Where ``cp --with-shards`` puts a shard.
+
+    A shard under the source manifest's folder keeps its path relative to that folder, now
+    under the destination manifest's folder (so the saver's ``shards/...`` layout is kept);
+    any other shard goes to ``{destination folder}/shards/external/{scheme}/{bucket/key or
+    path}``. Keys are kept literally (``%2F`` stays ``%2F``).
+    """
+    source_folder = _parent(source_manifest) + "/"
+    destination_folder = _parent(destination_manifest)
+    if shard_uri.startswith(source_folder):
+        return f"{destination_folder}/{shard_uri[len(source_folder) :]}"
+    scheme, _, rest = shard_uri.partition("://")
+    return f"{destination_folder}/shards/external/{scheme}/{rest.lstrip('/')}"
+
+
+def _destination(source: str, argument: str) -> str:
+    if argument.endswith("/") or ("://" not in argument and Path(argument).is_dir()):
+        argument = argument.rstrip("/") + "/" + source.rsplit("/", 1)[1]
+    return to_uri(argument)
+
+
+def _publish_manifest(ctx: Context, uri: str, data: bytes) -> None:
+    """Writes the manifest create-only; identical bytes already there are fine."""
+    config = ctx.client.storage_config
+    try:
+        put_object(
+            uri, data, storage_config=config, content_type="application/json", create_only=True
+        )
+    except FileExistsError:
+        if get_object(uri, storage_config=config) != data:
+            raise FileExistsError(
+                f"{uri} already exists with other content; delete it or choose another destination"
+            ) from None
+        print(f"{uri} already holds this manifest", file=ctx.stdout)
+
+
+def cp_command(ctx: Context) -> None:
+    source = to_uri(ctx.args.source)
+    destination = _destination(source, ctx.args.destination)
+    require_credentials(ctx, source, destination)
+    config = ctx.client.storage_config
+    data = get_object(source, storage_config=config)
+    manifest = parse_manifest(data, source)
+    if not ctx.args.with_shards:
+        _publish_manifest(ctx, destination, data)
+        print(f"copied {source} -> {destination}", file=ctx.stdout)
+        return
+
+    shards = unique_shards(manifest)
+    check_schemes(ctx, source, shards)
+    require_credentials(ctx, *(shard.uri for shard in shards))
+    targets = {shard.uri: copy_layout(source, destination, shard.uri) for shard in shards}
+    if len(set(targets.values())) != len(targets) or destination in targets.values():
+        raise RuntimeError(f"two objects of {source} would be copied to the same destination URI")
+    progress = Progress(
+        ctx.stderr,
+        label="cp",
+        total_bytes=sum(shard.size_bytes for shard in shards),
+        total_records=sum(shard.records for shard in shards),
+        total_shards=len(shards),
+        enabled=ctx.args.progress,
+    )
+
+    def copy(shard: ManifestShard) -> ManifestShard:
+        from syvain_training_data.publish import copy_shard
+
+        copied = copy_shard(
+            shard,
+            targets[shard.uri],
+            data_format=manifest.data_format,
+            storage_config=config,
+            on_bytes=lambda size: progress.add(bytes_=size),
+        )
+        if copied.size_bytes != shard.size_bytes:
+            raise RuntimeError(
+                f"{copied.uri}: the copy has {copied.size_bytes:,} bytes, the source "
+                f"{shard.size_bytes:,}"
+            )
+        # Read the copy back: size, etag and record count at the destination.
+        count = sum(1 for _ in iter_shard(manifest.data_format, copied, storage_config=config))
+        progress.add(records=count, shards=1)
+        return copied
+
+    with ThreadPoolExecutor(max_workers=ctx.args.jobs) as pool:
+        copies = {
+            copied_from.uri: copied
+            for copied_from, copied in zip(shards, pool.map(copy, shards), strict=True)
+        }
+    progress.finish()
+    rewritten = _rewrite(manifest, copies)
+    _publish_manifest(ctx, destination, canonical_manifest_bytes(rewritten))
+    print(
+        f"copied {source} -> {destination} with {plural(len(shards), 'shard')} "
+        f"({progress.bytes:,} bytes, {progress.records:,} records verified)",
+        file=ctx.stdout,
+    )
+
+
+def _rewrite(manifest: DataManifest, copies: Mapping[str, ManifestShard]) -> DataManifest:
+    """The manifest with every shard replaced by its copy (same structure and metadata)."""
+    document = manifest.model_dump(mode="python")
+    for entry in document["splits"].values():
+        entry["shards"] = [copies[shard["uri"]].model_dump() for shard in entry["shards"]]
+        for stage in entry["curriculum"].values():
+            stage["shards"] = [copies[shard["uri"]].model_dump() for shard in stage["shards"]]
+    return DataManifest.model_validate(document, strict=True)

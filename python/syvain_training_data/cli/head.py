@@ -1,0 +1,37 @@
+"""``syvain-data head``: the first records of a split as JSON lines."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from syvain_training_data.cli.context import Context, check_schemes, manifest_uri
+from syvain_training_data.cli.shards import selected_shards
+from syvain_training_data.shard import iter_shard
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {"$base64": base64.b64encode(bytes(value)).decode("ascii")}
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def head_command(ctx: Context) -> None:
+    uri = manifest_uri(ctx, ctx.args.manifest)
+    manifest = ctx.client.load_manifest(uri)
+    _, shards = selected_shards(ctx, manifest)
+    check_schemes(ctx, uri, shards)
+    left = ctx.args.records
+    for shard in shards:
+        if left <= 0:
+            break
+        records = iter_shard(manifest.data_format, shard, storage_config=ctx.client.storage_config)
+        try:
+            for record in records:
+                ctx.stdout.write(json.dumps(record, default=_json_default) + "\n")
+                left -= 1
+                if left <= 0:
+                    break
+        finally:
+            records.close()  # stops the stream of a shard left unfinished
+    ctx.stdout.flush()

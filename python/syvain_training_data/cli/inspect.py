@@ -1,0 +1,47 @@
+"""``syvain-data inspect``: a manifest's splits and stages with their records, bytes and shards."""
+
+from __future__ import annotations
+
+from syvain_training_data.cli.context import Context, manifest_uri
+from syvain_training_data.cli.output import human_bytes, table
+from syvain_training_data.cli.shards import unique_shards
+
+
+def inspect_command(ctx: Context) -> None:
+    uri = manifest_uri(ctx, ctx.args.manifest)
+    manifest = ctx.client.load_manifest(uri)
+    rows = [["split", "stage", "records", "bytes", "size", "shards"]]
+    for name, entry in manifest.splits.items():
+        stages = [("(all)", entry.records, entry.shards)] + [
+            (stage, value.records, value.shards) for stage, value in entry.curriculum.items()
+        ]
+        for stage, records, shards in stages:
+            size = sum(shard.size_bytes for shard in shards)
+            rows.append(
+                [
+                    name if stage == "(all)" else "",
+                    stage,
+                    f"{records:,}",
+                    f"{size:,}",
+                    human_bytes(size),
+                    str(len(shards)),
+                ]
+            )
+    unique = unique_shards(manifest)
+    size = sum(shard.size_bytes for shard in unique)
+    rows.append(
+        [
+            "total",
+            "",
+            f"{sum(s.records for s in unique):,}",
+            f"{size:,}",
+            human_bytes(size),
+            str(len(unique)),
+        ]
+    )
+    print(f"manifest  {uri}", file=ctx.stdout)
+    print(f"format    {manifest.data_format}", file=ctx.stdout)
+    print(f"splits    {len(manifest.splits)}", file=ctx.stdout)
+    print(file=ctx.stdout)
+    for line in table(rows, right={2, 3, 4, 5}):
+        print(line, file=ctx.stdout)

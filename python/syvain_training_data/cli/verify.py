@@ -1,0 +1,119 @@
+"""``syvain-data verify``: HEAD every shard (size, etag); with ``--deep``, read every record."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from syvain_training_data.cli.context import Context, check_schemes, manifest_uri
+from syvain_training_data.cli.errors import CommandFailed, describe
+from syvain_training_data.cli.output import Progress, plural
+from syvain_training_data.cli.shards import unique_shards
+from syvain_training_data.manifest import DataManifest, DataManifestDataFormat, ManifestShard
+from syvain_training_data.shard import iter_shard
+from syvain_training_data.storage import head_object
+from syvain_training_data.uris import plain_etag, portable_etag
+
+
+def head_problem(shard: ManifestShard, ctx: Context) -> str | None:
+    """What HEAD finds wrong with a shard (missing, size, etag), or None."""
+    try:
+        info = head_object(shard.uri, storage_config=ctx.client.storage_config)
+    except FileNotFoundError:
+        return f"{shard.uri}: missing (the store has no such object)"
+    if info.size != shard.size_bytes:
+        return (
+            f"{shard.uri}: size mismatch: {info.size:,} bytes in the store, "
+            f"{shard.size_bytes:,} in the manifest"
+        )
+    etag = portable_etag(shard.uri, shard.etag)
+    if etag and info.etag and plain_etag(etag) != plain_etag(info.etag):
+        return (
+            f"{shard.uri}: etag mismatch: {info.etag!r} in the store, {shard.etag!r} in the "
+            "manifest (the object was replaced)"
+        )
+    return None
+
+
+def count_records(
+    ctx: Context, data_format: DataManifestDataFormat, shard: ManifestShard, progress: Progress
+) -> int:
+    """Streams a shard through ``iter_shard`` (which checks its size and record count),
+    crediting progress every 1024 records; returns the number of records."""
+    credited = 0
+    count = 0
+    for _ in iter_shard(data_format, shard, storage_config=ctx.client.storage_config):
+        count += 1
+        if count % 1024 == 0:
+            owed = shard.size_bytes * count // shard.records - credited
+            credited += owed
+            progress.add(bytes_=owed, records=1024)
+    progress.add(bytes_=shard.size_bytes - credited, records=count % 1024, shards=1)
+    return count
+
+
+def deep_problem(
+    ctx: Context, data_format: DataManifestDataFormat, shard: ManifestShard, progress: Progress
+) -> str | None:
+    """What reading the whole shard finds wrong (bytes, record count, format), or None."""
+    try:
+        count_records(ctx, data_format, shard, progress)
+    except (RuntimeError, OSError) as error:
+        message = describe(error).split(": ", 1)[1]
+        return message if shard.uri in message else f"{shard.uri}: {message}"
+    return None
+
+
+def verify_command(ctx: Context) -> None:
+    uri = manifest_uri(ctx, ctx.args.manifest)
+    manifest = ctx.client.load_manifest(uri)
+    shards = unique_shards(manifest)
+    check_schemes(ctx, uri, shards)
+    problems = _conflicting_descriptions(manifest)
+    with ThreadPoolExecutor(max_workers=ctx.args.jobs) as pool:
+        found = list(pool.map(lambda shard: head_problem(shard, ctx), shards))
+    problems += [problem for problem in found if problem]
+    checked = "size and etag"
+    if ctx.args.deep:
+        checked = "size, etag and records"
+        healthy = [shard for shard, problem in zip(shards, found, strict=True) if not problem]
+        progress = Progress(
+            ctx.stderr,
+            label="verify",
+            total_bytes=sum(shard.size_bytes for shard in healthy),
+            total_records=sum(shard.records for shard in healthy),
+            total_shards=len(healthy),
+            enabled=ctx.args.progress,
+        )
+        with ThreadPoolExecutor(max_workers=ctx.args.jobs) as pool:
+            deep = list(
+                pool.map(
+                    lambda shard: deep_problem(ctx, manifest.data_format, shard, progress),
+                    healthy,
+                )
+            )
+        progress.finish()
+        problems += [problem for problem in deep if problem]
+    for problem in problems:
+        print(f"problem: {problem}", file=ctx.stdout)
+    records = sum(shard.records for shard in shards)
+    size = sum(shard.size_bytes for shard in shards)
+    summary = (
+        f"{plural(len(shards), 'shard')}, {plural(records, 'record')}, {size:,} bytes "
+        f"({checked} checked)"
+    )
+    if problems:
+        print(f"FAILED: {plural(len(problems), 'problem')} in {summary}", file=ctx.stdout)
+        raise CommandFailed
+    print(f"OK: {summary}", file=ctx.stdout)
+
+
+def _conflicting_descriptions(manifest: DataManifest) -> list[str]:
+    """A URI that two splits describe differently cannot match both descriptions."""
+    first: dict[str, ManifestShard] = {}
+    problems = []
+    for entry in manifest.splits.values():
+        for shard in entry.shards:
+            known = first.setdefault(shard.uri, shard)
+            if known != shard:
+                problems.append(f"{shard.uri}: described differently by two splits")
+    return problems
