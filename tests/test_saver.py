@@ -288,6 +288,19 @@ def test_tampered_descriptor_is_a_conflict(store_root, field) -> None:
             fresh.commit_manifest()
 
 
+def test_a_descriptor_etag_without_quotes_still_names_its_object(store_root) -> None:
+    # Another writer may record the etag without the quotes S3 puts around it.
+    root, config = store_root
+    shard = make_saver(root, config).save("train", None, records(3), shard_id="a")
+    uri = shard.uri + ".metadata.json"
+    document = json.loads(storage.get_object(uri, storage_config=config))
+    document["shard"]["etag"] = document["shard"]["etag"].strip('"')
+    rewritten = (json.dumps(document, sort_keys=True, separators=(",", ":")) + "\n").encode()
+    storage.put_object(uri, rewritten, storage_config=config)
+    recovered = make_saver(root, config).recover("train", None, shard_id="a")
+    assert recovered.model_copy(update={"etag": shard.etag}) == shard
+
+
 def test_non_canonical_descriptor_and_replaced_or_missing_data(store_root) -> None:
     root, config = store_root
     saver = make_saver(root, config)

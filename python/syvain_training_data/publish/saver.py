@@ -89,7 +89,7 @@ from syvain_training_data.storage import (
     native_storage,
     put_object,
 )
-from syvain_training_data.uris import check_shard_scheme, portable_etag
+from syvain_training_data.uris import check_shard_scheme, plain_etag, portable_etag
 
 __all__ = ["DatasetSaver"]
 
@@ -382,7 +382,8 @@ class DatasetSaver:
             raise conflict(f"its data object has {info.size} bytes, not {shard.size_bytes}")
         etag = portable_etag(shard.uri, shard.etag)
         if info.etag and etag:
-            if info.etag != etag:
+            # Quoted or not, as another writer may have recorded it.
+            if plain_etag(info.etag) != plain_etag(etag):
                 raise conflict(f"its data object has etag {info.etag!r}, not {etag!r}")
         elif stream_sha256(shard.uri, info.size, info.etag, self.storage_config) != digest:
             raise conflict("its data object's sha256 differs")
