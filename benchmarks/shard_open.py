@@ -47,8 +47,8 @@ def measure(client: SyvainTrainingData, manifest_uri: str, plain) -> dict[str, f
             reads.append(time.perf_counter() - start)
     first_record, plain_read = statistics.median(opens), statistics.median(reads)
     return {
-        "first_record_ms": round(first_record * 1e3, 2),
-        "plain_read_ms": round(plain_read * 1e3, 2),
+        "first_record_ms": round(first_record * 1e3, 3),
+        "plain_read_ms": round(plain_read * 1e3, 3),
         "ratio": round(first_record / plain_read, 2),
     }
 

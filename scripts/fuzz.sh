@@ -11,12 +11,8 @@ seconds=${2:?usage: scripts/fuzz.sh TARGET SECONDS}
 root=$(cd "$(dirname "$0")/.." && pwd)
 fuzz_dir="$root/rust/fuzz"
 
-# The library links libpython (pyo3 without extension-module): point the build and the loader
-# at one interpreter. No Python code runs inside the targets.
-python=${PYO3_PYTHON:-$root/.venv/bin/python}
-export PYO3_PYTHON=$python
-libdir=$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
-export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The targets link the pure-Rust core only; Python just writes the seed corpus.
+python=${SYVAIN_PYTHON:-$root/.venv/bin/python}
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "cargo-fuzz is missing: cargo install cargo-fuzz --locked" >&2
@@ -40,7 +36,7 @@ before=$(ls "$artifacts" | wc -l)
 
 log=$(mktemp)
 status=0
-(cd "$root/rust" && cargo "${toolchain[@]}" fuzz run --fuzz-dir "$fuzz_dir" "$target" "$corpus" -- \
+(cd "$root/rust/core" && cargo "${toolchain[@]}" fuzz run --fuzz-dir "$fuzz_dir" "$target" "$corpus" -- \
     -max_total_time="$seconds" -print_final_stats=1 -rss_limit_mb=4096 -timeout=20 \
     -artifact_prefix="$artifacts/") >"$log" 2>&1 || status=$?
 

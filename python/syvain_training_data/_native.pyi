@@ -117,7 +117,7 @@ def set_storage_policy(
 ) -> None: ...
 def get_storage_policy() -> dict[str, float]: ...
 
-# rust/src/upload.rs: streaming uploads for the saver.
+# rust/binding/src/upload.rs: streaming uploads for the saver.
 SINGLE_PUT_MAX: int
 MULTIPART_THRESHOLD: int
 PART_SIZE: int
@@ -144,7 +144,7 @@ def put_file(
     part_size: int = ...,
 ) -> tuple[int, str]: ...
 
-# rust/src/codec: shard readers and writers (SPEC section 3).
+# rust/binding/src/codec: shard readers and writers (SPEC section 3).
 @final
 class ShardReader:
     def next_batch(self, max_records: int = 1024) -> list[dict[str, Any]]: ...
@@ -180,7 +180,7 @@ def shard_reader_from_bytes(
     stop: int | None = None,
 ) -> ShardReader: ...
 
-# rust/src/codec/columnar: Arrow record batches of msgpack.zstf and jsonl.gz shards.
+# rust/binding/src/codec/shard_batches.rs: Arrow batches of msgpack.zstf and jsonl.gz shards.
 BATCH_BYTES: int
 
 @final
@@ -230,13 +230,13 @@ class IntBuffer:
     def __buffer__(self, flags: int, /) -> memoryview: ...
     def __release_buffer__(self, buffer: memoryview, /) -> None: ...
 
-# rust/src/rows.rs: Parquet rows from Arrow record batches (SPEC section 3).
+# rust/binding/src/rows: Parquet rows from Arrow record batches (SPEC section 3).
 
 def rows_from_arrow(
     schema: object, array: object, fallback: Callable[[int], list[Any]]
 ) -> list[dict[str, Any]]: ...
 
-# rust/src/download.rs: an object streamed to a new local file, hashed on the way.
+# rust/binding/src/download.rs: an object streamed to a new local file, hashed on the way.
 
 def download_object(
     storage: NativeStorage,

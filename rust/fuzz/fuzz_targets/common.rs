@@ -1,7 +1,7 @@
 //! Shared by the targets: the input's first byte picks how the shard is cut into chunks (as a
 //! network stream would deliver it), the second the declared record count.
 
-use _native::source::MemorySource;
+use syvain_core::source::MemorySource;
 use bytes::Bytes;
 
 /// `(source, declared)`, or `None` for an input too short to hold the two bytes.

@@ -1,7 +1,7 @@
 //! Whole jsonl.gz shards: gzip members, trailing bytes, UTF-8, line splitting and limits.
 #![no_main]
 
-use _native::codec::lines::{nesting_exceeds, JsonlLines};
+use syvain_core::codec::lines::{nesting_exceeds, JsonlLines};
 use libfuzzer_sys::fuzz_target;
 
 #[path = "common.rs"]

@@ -1,7 +1,7 @@
 //! Raw MessagePack payloads: the parser never panics, and what it accepts is balanced.
 #![no_main]
 
-use _native::codec::msgpack::{parse_record, Scalar, Sink};
+use syvain_core::codec::msgpack::{parse_record, Scalar, Sink};
 use libfuzzer_sys::fuzz_target;
 
 /// Checks the event stream: containers close in order, keys alternate with values.

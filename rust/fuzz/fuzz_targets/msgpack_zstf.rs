@@ -1,8 +1,8 @@
 //! Whole msgpack.zstf shards: framing, zstd limits, MessagePack validation, record count.
 #![no_main]
 
-use _native::codec::msgpack::validate_record;
-use _native::codec::zstf::ZstfFrames;
+use syvain_core::codec::msgpack::validate_record;
+use syvain_core::codec::zstf::ZstfFrames;
 use libfuzzer_sys::fuzz_target;
 
 #[path = "common.rs"]

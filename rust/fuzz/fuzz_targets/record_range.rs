@@ -2,10 +2,10 @@
 //! newlines (jsonl.gz), stopping after the range, and the partial-read count rules.
 #![no_main]
 
-use _native::codec::lines::JsonlLines;
-use _native::codec::msgpack::validate_record;
-use _native::codec::zstf::ZstfFrames;
-use _native::codec::RecordRange;
+use syvain_core::codec::lines::JsonlLines;
+use syvain_core::codec::msgpack::validate_record;
+use syvain_core::codec::zstf::ZstfFrames;
+use syvain_core::codec::RecordRange;
 use libfuzzer_sys::fuzz_target;
 
 #[path = "common.rs"]

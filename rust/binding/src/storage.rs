@@ -1,0 +1,176 @@
+//! `NativeStorage`: the Python-facing storage client. Each method parses its arguments, calls
+//! the core's `Storage` with the GIL released, and turns the answer into Python objects.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use object_store::PutPayload;
+use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
+use pyo3::types::PyBytes;
+use syvain_core::codec::columnar::{column_selection, BatchOptions};
+use syvain_core::codec::{RecordRange, ShardFormat};
+use syvain_core::storage::Storage;
+use syvain_core::store::StoreConfig;
+use syvain_core::upload::{self, WriteOptions};
+
+use crate::caller::PythonCaller;
+use crate::codec::shard_batches::ShardBatchReader;
+use crate::codec::shard_reader::ShardReader;
+use crate::error::BindingResult;
+use crate::object_stream::ObjectStream;
+
+/// A storage client for s3:// and file:// URIs. Holds credentials; never shows the secret.
+#[pyclass(module = "syvain_training_data._native", frozen)]
+pub struct NativeStorage {
+    pub(crate) storage: Storage,
+}
+
+#[pymethods]
+impl NativeStorage {
+    #[new]
+    #[pyo3(signature = (*, s3_base_url=None, region="us-east-1".to_string(), access_key_id=None, secret_access_key=None, virtual_hosted_style_request=false))]
+    fn new(
+        s3_base_url: Option<String>,
+        region: String,
+        access_key_id: Option<String>,
+        secret_access_key: Option<String>,
+        virtual_hosted_style_request: bool,
+    ) -> BindingResult<Self> {
+        let config = StoreConfig {
+            s3_base_url: s3_base_url.filter(|u| !u.is_empty()),
+            region,
+            access_key_id,
+            secret_access_key,
+            virtual_hosted_style_request,
+        };
+        // Misconfiguration fails at once, not on first use.
+        Ok(Self {
+            storage: Storage::new(config)?,
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        let config = self.storage.config();
+        format!(
+            "NativeStorage(s3_base_url={:?}, region={:?}, virtual_hosted_style_request={})",
+            config.s3_base_url, config.region, config.virtual_hosted_style_request
+        )
+    }
+
+    /// The whole object as bytes. FileNotFoundError if it does not exist.
+    fn get<'py>(&self, py: Python<'py>, uri: &str) -> BindingResult<Bound<'py, PyBytes>> {
+        let data = self.storage.get(&PythonCaller(py), uri)?;
+        Ok(PyBytes::new(py, &data))
+    }
+
+    /// (size, etag) of an object; the etag is "" where the store gives none.
+    fn head(&self, py: Python<'_>, uri: &str) -> BindingResult<(u64, String)> {
+        self.storage.head(&PythonCaller(py), uri)
+    }
+
+    /// Writes an object; `create_only` refuses to replace one (FileExistsError).
+    /// Returns (size, etag).
+    #[pyo3(signature = (uri, data, *, content_type=None, metadata=None, create_only=false))]
+    fn put(
+        &self,
+        py: Python<'_>,
+        uri: &str,
+        data: PyBackedBytes,
+        content_type: Option<String>,
+        metadata: Option<HashMap<String, String>>,
+        create_only: bool,
+    ) -> BindingResult<(u64, String)> {
+        // Zero copy: the payload borrows the Python bytes object (kept alive by the Bytes owner).
+        let payload = PutPayload::from(Bytes::from_owner(data));
+        let options = WriteOptions {
+            content_type,
+            metadata: metadata.unwrap_or_default(),
+            create_only,
+        };
+        upload::put(&PythonCaller(py), &self.storage, uri, payload, options)
+    }
+
+    /// Deletes an object (no error if it is already gone).
+    fn delete(&self, py: Python<'_>, uri: &str) -> BindingResult<()> {
+        self.storage.delete(&PythonCaller(py), uri)
+    }
+
+    /// Every object under a prefix ("directory" semantics: `s3://b/a` lists `a/...`), as
+    /// (uri, size, etag) sorted by URI.
+    fn list(&self, py: Python<'_>, prefix_uri: &str) -> BindingResult<Vec<(String, u64, String)>> {
+        self.storage.list(&PythonCaller(py), prefix_uri)
+    }
+
+    /// Decodes a msgpack.zstf or jsonl.gz shard straight from a resumable stream, off the GIL:
+    /// the records `[start, stop)` (`stop` defaults to `records`; earlier ones are skipped
+    /// without being decoded).
+    #[pyo3(signature = (uri, data_format, *, size_bytes, records, etag=None, start=0, stop=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn open_shard(
+        &self,
+        py: Python<'_>,
+        uri: &str,
+        data_format: &str,
+        size_bytes: u64,
+        records: u64,
+        etag: Option<String>,
+        start: i64,
+        stop: Option<i64>,
+    ) -> BindingResult<ShardReader> {
+        let range = RecordRange::new(records, start, stop)?;
+        let format = ShardFormat::of_shard(uri, data_format)?;
+        let source = (self.storage).shard_source(uri, size_bytes, etag, format.name())?;
+        Ok(ShardReader::open(
+            py,
+            format,
+            uri.to_string(),
+            source,
+            size_bytes,
+            range,
+        )?)
+    }
+
+    /// Builds Arrow record batches of up to `batch_size` records of a msgpack.zstf or jsonl.gz
+    /// shard straight from a resumable stream, off the GIL (`columns`: only those top-level
+    /// keys, in that order).
+    #[pyo3(signature = (uri, data_format, *, size_bytes, records, etag=None, start=0, stop=None, columns=None, batch_size))]
+    #[allow(clippy::too_many_arguments)]
+    fn open_shard_batches(
+        &self,
+        uri: &str,
+        data_format: &str,
+        size_bytes: u64,
+        records: u64,
+        etag: Option<String>,
+        start: i64,
+        stop: Option<i64>,
+        columns: Option<Vec<String>>,
+        batch_size: usize,
+    ) -> BindingResult<ShardBatchReader> {
+        let range = RecordRange::new(records, start, stop)?;
+        let format = ShardFormat::of_shard(uri, data_format)?;
+        let options = BatchOptions {
+            columns: column_selection(columns)?,
+            batch_rows: batch_size,
+        };
+        let source = (self.storage).shard_source(uri, size_bytes, etag, format.name())?;
+        let uri = uri.to_string();
+        Ok(ShardBatchReader::open(
+            format, uri, source, size_bytes, range, options,
+        )?)
+    }
+
+    /// A resumable stream over an immutable object of known size.
+    #[pyo3(signature = (uri, size_bytes, *, etag=None, start=0))]
+    fn open_stream(
+        &self,
+        uri: &str,
+        size_bytes: u64,
+        etag: Option<String>,
+        start: u64,
+    ) -> BindingResult<ObjectStream> {
+        let reader = (self.storage).stream(uri, size_bytes, etag, start, None)?;
+        Ok(ObjectStream::new(reader))
+    }
+}

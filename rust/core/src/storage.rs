@@ -1,0 +1,258 @@
+//! A storage client for s3:// and file:// URIs: its stores (one per bucket, pooled), resumable
+//! streams, and the point operations (GET, HEAD, DELETE, LIST) under the retry budget.
+//! Writes are in [`crate::upload`], downloads to a file in [`crate::download`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures::TryStreamExt;
+use object_store::ObjectStore;
+
+use crate::caller::{with_retries, Caller};
+use crate::classify::{classify_store_error, StoreFailure};
+use crate::error::{refuse_special_file, NativeError, NativeResult};
+use crate::local_file::LocalFileSource;
+use crate::policy;
+use crate::runtime::fork_guard;
+use crate::source::ByteSource;
+use crate::store::{build_store, endpoint_for, Location, StoreConfig};
+use crate::stream::{StoreFactory, StreamReader, StreamRequest};
+
+/// Stores built in this process, by bucket; rebuilt after a fork (their pools are not shared).
+type StoreCache = Mutex<HashMap<String, (u32, Arc<dyn ObjectStore>)>>;
+
+/// A storage client. Holds credentials; its `Debug` never shows the secret.
+#[derive(Debug)]
+pub struct Storage {
+    config: StoreConfig,
+    stores: Arc<StoreCache>,
+}
+
+impl Storage {
+    /// A client for `config`; a malformed endpoint fails at once, not on first use.
+    pub fn new(config: StoreConfig) -> NativeResult<Self> {
+        if let Some(base) = &config.s3_base_url {
+            endpoint_for(base, "bucket", config.virtual_hosted_style_request)?;
+        }
+        Ok(Self {
+            config,
+            stores: Arc::new(Mutex::new(HashMap::new())),
+        })
+    }
+
+    pub fn config(&self) -> &StoreConfig {
+        &self.config
+    }
+
+    /// The store for `location`'s bucket: this process's pooled one, or a new one when `fresh`
+    /// (a retry after a failure, whose old connections may be what failed).
+    pub fn store(&self, location: &Location, fresh: bool) -> NativeResult<Arc<dyn ObjectStore>> {
+        let pid = std::process::id();
+        let key = location.store_key();
+        if !fresh {
+            let _no_fork = fork_guard();
+            let stores = self.stores.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((owner, store)) = stores.get(&key) {
+                if *owner == pid {
+                    return Ok(store.clone());
+                }
+            }
+        }
+        // Built outside the lock: a fork while the lock is held would leave it held forever in
+        // the child, and building a client takes a while.
+        let store = build_store(&self.config, location, &policy::current())?;
+        let _no_fork = fork_guard();
+        let mut stores = self.stores.lock().unwrap_or_else(|p| p.into_inner());
+        stores.insert(key, (pid, store.clone()));
+        Ok(store)
+    }
+
+    /// The stores a stream connects with: first this client's pooled store (a shard open
+    /// then costs no client, TLS set-up or connection of its own), then a fresh one for every
+    /// reconnection after a failure, whose old connections may be what failed.
+    fn factory(&self, location: &Location) -> NativeResult<StoreFactory> {
+        let first = Mutex::new(Some(self.store(location, false)?));
+        let config = self.config.clone();
+        let location = location.clone();
+        Ok(Arc::new(move || {
+            if let Some(store) = first.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                return Ok(store);
+            }
+            build_store(&config, &location, &policy::current())
+        }))
+    }
+
+    /// Opens a resumable stream over `[start, size)` of an immutable object. `format`, when
+    /// given, makes data errors read "Unreadable {format} shard {uri}: ...".
+    pub fn stream(
+        &self,
+        uri: &str,
+        size: u64,
+        etag: Option<String>,
+        start: u64,
+        format: Option<&'static str>,
+    ) -> NativeResult<StreamReader> {
+        let location = Location::parse(uri, false)?;
+        let etag = match &location {
+            // A local file's etag (inode, mtime) changes with every copy or restore of the same
+            // bytes, so it is not enforced (SPEC section 4); the size guards the read.
+            Location::File { path } => {
+                refuse_special_file(std::path::Path::new(path), true)?;
+                None
+            }
+            Location::S3 { .. } => etag,
+        };
+        if start > size {
+            return Err(NativeError::Config(format!(
+                "{uri}: start offset {start} is past the size {size}"
+            )));
+        }
+        let request = StreamRequest {
+            uri: uri.to_string(),
+            path: location.object_path(),
+            size,
+            etag: etag.filter(|e| !e.is_empty()),
+            start,
+            format,
+            policy: policy::current(),
+        };
+        StreamReader::open(request, self.factory(&location)?)
+    }
+
+    /// The bytes of a shard for its decoder thread: a local file is read in that thread
+    /// itself (no runtime task, no hand-off), an S3 object through a resumable stream.
+    pub fn shard_source(
+        &self,
+        uri: &str,
+        size: u64,
+        etag: Option<String>,
+        format: &'static str,
+    ) -> NativeResult<Box<dyn ByteSource>> {
+        match Location::parse(uri, false)? {
+            Location::File { path } => {
+                let path = std::path::PathBuf::from(path);
+                refuse_special_file(&path, true)?;
+                let policy = policy::current();
+                let source = LocalFileSource::new(uri, path, size, Some(format), policy);
+                Ok(Box::new(source))
+            }
+            Location::S3 { .. } => Ok(Box::new(self.stream(uri, size, etag, 0, Some(format))?)),
+        }
+    }
+
+    /// The whole object. NotFound if it does not exist.
+    pub fn get<C: Caller>(&self, caller: &C, uri: &str) -> Result<bytes::Bytes, C::Error> {
+        let location = Location::parse(uri, false)?;
+        if let Location::File { path } = &location {
+            refuse_special_file(std::path::Path::new(path), true)?;
+        }
+        let path = location.object_path();
+        let owned_uri = uri.to_string();
+        with_retries(caller, "GET", uri, |fresh| {
+            let store = self.store(&location, fresh)?;
+            let (path, uri) = (path.clone(), owned_uri.clone());
+            Ok(async move {
+                let result = store
+                    .get(&path)
+                    .await
+                    .map_err(|e| classify_store_error(&uri, e, None))?;
+                result
+                    .bytes()
+                    .await
+                    .map_err(|e| classify_store_error(&uri, e, None))
+            })
+        })
+    }
+
+    /// (size, etag) of an object; the etag is "" where the store gives none.
+    pub fn head<C: Caller>(&self, caller: &C, uri: &str) -> Result<(u64, String), C::Error> {
+        let location = Location::parse(uri, false)?;
+        let path = location.object_path();
+        let owned_uri = uri.to_string();
+        with_retries(caller, "HEAD", uri, |fresh| {
+            let store = self.store(&location, fresh)?;
+            let (path, uri) = (path.clone(), owned_uri.clone());
+            Ok(async move {
+                let meta = store
+                    .head(&path)
+                    .await
+                    .map_err(|e| classify_store_error(&uri, e, None))?;
+                Ok((meta.size, meta.e_tag.unwrap_or_default()))
+            })
+        })
+    }
+
+    /// Whether an object exists (HEAD, under the retry budget).
+    pub fn exists<C: Caller>(&self, caller: &C, uri: &str) -> Result<bool, C::Error> {
+        let location = Location::parse(uri, false)?;
+        let path = location.object_path();
+        let owned_uri = uri.to_string();
+        with_retries(caller, "HEAD", uri, |fresh| {
+            let store = self.store(&location, fresh)?;
+            let (path, uri) = (path.clone(), owned_uri.clone());
+            Ok(async move {
+                match store.head(&path).await {
+                    Ok(_) => Ok(true),
+                    Err(object_store::Error::NotFound { .. }) => Ok(false),
+                    Err(e) => Err(classify_store_error(&uri, e, None)),
+                }
+            })
+        })
+    }
+
+    /// Deletes an object (no error if it is already gone).
+    pub fn delete<C: Caller>(&self, caller: &C, uri: &str) -> Result<(), C::Error> {
+        let location = Location::parse(uri, false)?;
+        let path = location.object_path();
+        let owned_uri = uri.to_string();
+        with_retries(caller, "DELETE", uri, |fresh| {
+            let store = self.store(&location, fresh)?;
+            let (path, uri) = (path.clone(), owned_uri.clone());
+            Ok(async move {
+                match store.delete(&path).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                    Err(e) => Err(classify_store_error(&uri, e, None)),
+                }
+            })
+        })
+    }
+
+    /// Every object under a prefix ("directory" semantics: `s3://b/a` lists `a/...`), as
+    /// (uri, size, etag) sorted by URI.
+    pub fn list<C: Caller>(
+        &self,
+        caller: &C,
+        prefix_uri: &str,
+    ) -> Result<Vec<(String, u64, String)>, C::Error> {
+        let location = Location::parse(prefix_uri, true)?;
+        let prefix = location.object_path();
+        let owned_uri = prefix_uri.to_string();
+        let location_for_uris = location.clone();
+        let mut listed = with_retries(caller, "LIST", prefix_uri, |fresh| {
+            let store = self.store(&location, fresh)?;
+            let (prefix, uri) = (prefix.clone(), owned_uri.clone());
+            let location = location_for_uris.clone();
+            Ok(async move {
+                let prefix = (!prefix.as_ref().is_empty()).then_some(prefix);
+                let objects: Vec<_> = match store.list(prefix.as_ref()).try_collect().await {
+                    Ok(objects) => objects,
+                    // A local prefix that does not exist yet is an empty listing.
+                    Err(object_store::Error::NotFound { .. }) => Vec::new(),
+                    Err(e) => return Err::<_, StoreFailure>(classify_store_error(&uri, e, None)),
+                };
+                Ok(objects
+                    .into_iter()
+                    .map(|m| {
+                        (
+                            location.uri_of(&m.location),
+                            m.size,
+                            m.e_tag.unwrap_or_default(),
+                        )
+                    })
+                    .collect::<Vec<_>>())
+            })
+        })?;
+        listed.sort();
+        Ok(listed)
+    }
+}
