@@ -1,192 +1,145 @@
-//! A shard on the local directory store, read straight into its decoder thread: no runtime
-//! task, no channel and no thread hand-off between the file and the decoder, so a shard's first
-//! record costs one open, one stat and one small read.
+//! A shard on the local directory store: its first piece read straight into the decoder (no
+//! runtime task, no channel, no thread hand-off before the first record), the rest through
+//! the resumable stream, which reads ahead on the runtime while the decoder works.
 //!
-//! The local rules of SPEC section 4 are those of the stream: the size guards the read (the
-//! etag of a local file is not enforced), a missing file or a directory is a missing object,
-//! other failures are sorted by their `io::ErrorKind` (`classify_local_io`), and a transient
-//! one (interrupted, timed out, the file ending early) is retried under the budget from the
-//! byte reached, with the same warning line.
+//! The local rules of SPEC section 4 hold for both parts: the size guards the read (the etag
+//! of a local file is not enforced), a missing file or a directory is a missing object, and
+//! other failures are sorted by their `io::ErrorKind` (`classify_local_io`). A transient
+//! failure of the first read is left to the stream, which retries it under the budget.
 
 use std::fs::File;
-use std::io::{ErrorKind, Read, Seek, SeekFrom};
+use std::io::{ErrorKind, Read};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::caller::retry_message;
-use crate::classify::{classify_local_io, first_line, StoreFailure};
-use crate::counters::{self, Counters, RetryCause};
+use crate::classify::{classify_local_io, StoreFailure};
+use crate::counters::{self, Counters};
 use crate::error::{NativeError, NativeResult};
-use crate::policy::{Budget, Policy};
 use crate::source::ByteSource;
-use crate::stream::{COALESCE_BYTES, FIRST_FILE_READ};
-use crate::warnings;
+use crate::stream::{StoreFactory, StreamReader, StreamRequest, FIRST_FILE_READ};
 
-/// The bytes `[start, size)` of a local file, as a decoder pulls them.
-pub struct LocalFileSource {
-    uri: String,
+/// The bytes of a local shard, as its decoder pulls them.
+pub struct LocalShardSource {
     path: PathBuf,
-    size: u64,
-    position: u64,
-    /// When set, data errors read "Unreadable {format} shard {uri}: ...".
-    format: Option<&'static str>,
-    file: Option<File>,
-    /// The next read's size: 64 KiB first, growing fourfold up to 1 MiB.
-    piece: usize,
-    budget: Budget,
+    /// The whole read (`start` 0); the stream takes it over after the first piece.
+    request: StreamRequest,
+    factory: StoreFactory,
+    /// The first piece was read (or left to the stream).
+    started: bool,
+    rest: Option<StreamReader>,
     counters: Option<Arc<Counters>>,
 }
 
-impl LocalFileSource {
-    /// Nothing is opened yet (that happens in the decoder thread); the stream counters entered
-    /// on the calling thread count it.
-    pub fn new(
-        uri: &str,
-        path: PathBuf,
-        size: u64,
-        format: Option<&'static str>,
-        policy: Policy,
-    ) -> Self {
+impl LocalShardSource {
+    /// Nothing is opened yet (that happens in the decoder); the stream counters entered on the
+    /// calling thread count it.
+    pub fn new(path: PathBuf, request: StreamRequest, factory: StoreFactory) -> Self {
         let counters = counters::entered();
         if let Some(counters) = &counters {
             counters.stream_opened();
         }
         Self {
-            uri: uri.to_string(),
             path,
-            size,
-            position: 0,
-            format,
-            file: None,
-            piece: FIRST_FILE_READ,
-            budget: Budget::new(policy),
+            request,
+            factory,
+            started: false,
+            rest: None,
             counters,
         }
     }
 
     fn data_error(&self, reason: String) -> NativeError {
-        match self.format {
+        let uri = self.request.uri.clone();
+        match self.request.format {
             Some(format) => NativeError::Shard {
                 format,
-                uri: self.uri.clone(),
+                uri,
                 reason,
             },
-            None => NativeError::InvalidData {
-                uri: self.uri.clone(),
-                reason,
-            },
+            None => NativeError::InvalidData { uri, reason },
         }
     }
 
     fn io_failure(&self, error: &std::io::Error) -> StoreFailure {
         match error.kind() {
             ErrorKind::NotFound => StoreFailure::Fatal(NativeError::NotFound {
-                uri: self.uri.clone(),
+                uri: self.request.uri.clone(),
             }),
-            _ => classify_local_io(&self.uri, error),
+            _ => classify_local_io(&self.request.uri, error),
         }
     }
 
-    /// Opens the file at the current position, after checking that it is the declared size.
-    fn open(&self) -> Result<File, StoreFailure> {
-        let mut file = File::open(&self.path).map_err(|e| self.io_failure(&e))?;
+    /// Opens the file, checks that it has the declared size, and reads its first piece.
+    fn first_piece(&self) -> Result<Bytes, StoreFailure> {
+        let file = File::open(&self.path).map_err(|e| self.io_failure(&e))?;
         let meta = file.metadata().map_err(|e| self.io_failure(&e))?;
         if meta.is_dir() {
             return Err(StoreFailure::Fatal(NativeError::NotFound {
-                uri: self.uri.clone(),
+                uri: self.request.uri.clone(),
             }));
         }
-        if meta.len() != self.size {
+        let size = self.request.size;
+        if meta.len() != size {
             return Err(StoreFailure::Fatal(self.data_error(format!(
-                "size mismatch: the object has {} bytes but size_bytes is {}",
-                meta.len(),
-                self.size
+                "size mismatch: the object has {} bytes but size_bytes is {size}",
+                meta.len()
             ))));
         }
-        file.seek(SeekFrom::Start(self.position))
+        let want = size.min(FIRST_FILE_READ as u64);
+        // Read into spare capacity: no zeroing of a buffer about to be filled.
+        let mut piece = Vec::with_capacity(want as usize);
+        file.take(want)
+            .read_to_end(&mut piece)
             .map_err(|e| self.io_failure(&e))?;
-        Ok(file)
+        Ok(Bytes::from(piece))
     }
 
-    /// The next piece; the cause comes with a transient failure.
-    fn read_piece(&mut self) -> Result<Bytes, (StoreFailure, RetryCause)> {
-        if self.file.is_none() {
-            self.file = Some(self.open().map_err(|f| (f, RetryCause::Other))?);
-        }
-        let want = (self.size - self.position).min(self.piece as u64);
-        // Read into spare capacity: no zeroing of a buffer about to be filled.
-        let mut buffer = Vec::with_capacity(want as usize);
-        let read = match self.file.as_mut() {
-            Some(file) => file.take(want).read_to_end(&mut buffer),
-            None => Ok(0),
-        };
-        if let Err(error) = read {
-            return Err((self.io_failure(&error), RetryCause::Other));
-        }
-        if buffer.is_empty() {
-            // The file shrank under us: reopened, it fails its size check.
-            let detail = format!(
-                "response body ended early at offset {} of {} bytes",
-                self.position, self.size
-            );
-            return Err((StoreFailure::Transient(detail), RetryCause::EndedEarly));
-        }
-        self.position += buffer.len() as u64;
-        self.piece = (self.piece * 4).min(COALESCE_BYTES);
-        Ok(Bytes::from(buffer))
+    /// Hands the read from `start` on to the resumable stream.
+    fn continue_from(&mut self, start: u64) -> NativeResult<()> {
+        let mut request = self.request.clone();
+        request.start = start;
+        let factory = self.factory.clone();
+        let counters = self.counters.clone();
+        self.rest = Some(StreamReader::continue_counted(request, factory, counters)?);
+        Ok(())
     }
 }
 
-impl ByteSource for LocalFileSource {
+impl ByteSource for LocalShardSource {
     fn is_immediate(&self) -> bool {
         true
     }
 
     fn next_chunk(&mut self) -> NativeResult<Option<Bytes>> {
-        loop {
-            if self.position >= self.size {
-                return Ok(None);
-            }
-            let (failure, cause) = match self.read_piece() {
-                Ok(chunk) => {
-                    self.budget.progress();
-                    if let Some(counters) = &self.counters {
-                        counters.bytes_received(chunk.len());
-                    }
-                    return Ok(Some(chunk));
-                }
-                Err(failed) => failed,
-            };
-            let detail = match failure {
-                StoreFailure::Fatal(error) => return Err(error),
-                StoreFailure::Transient(detail) => detail,
-            };
-            self.file = None;
-            let elapsed = self.budget.elapsed_without_progress();
-            let Some(delay) = self.budget.next_delay() else {
-                return Err(NativeError::RetryExhausted {
-                    operation: "GET",
-                    uri: self.uri.clone(),
-                    position: format!(" at offset {} of {} bytes", self.position, self.size),
-                    attempts: self.budget.failed_attempts(),
-                    elapsed_s: self.budget.elapsed().as_secs_f64(),
-                    last_error: first_line(&detail).to_string(),
-                });
-            };
-            warnings::warn(&retry_message(
-                "GET",
-                &self.uri,
-                self.budget.failed_attempts(),
-                elapsed,
-                delay,
-                &format!("at offset {}: {detail}", self.position),
-            ));
-            if let Some(counters) = &self.counters {
-                counters.retried(cause);
-            }
-            std::thread::sleep(delay);
+        if let Some(rest) = self.rest.as_mut() {
+            return rest.next_chunk();
         }
+        if self.started || self.request.size == 0 {
+            return Ok(None);
+        }
+        self.started = true;
+        let piece = match self.first_piece() {
+            Ok(piece) => piece,
+            Err(StoreFailure::Fatal(error)) => return Err(error),
+            // The stream retries it, from the start.
+            Err(StoreFailure::Transient(_)) => {
+                self.continue_from(0)?;
+                return self.next_chunk();
+            }
+        };
+        if let Some(counters) = &self.counters {
+            counters.bytes_received(piece.len());
+        }
+        let read = piece.len() as u64;
+        // A short first read (the file shrank after its size check) is the stream's to find.
+        if read < self.request.size {
+            self.continue_from(read)?;
+        }
+        if piece.is_empty() {
+            return self.next_chunk();
+        }
+        Ok(Some(piece))
     }
 }

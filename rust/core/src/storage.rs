@@ -11,7 +11,7 @@ use object_store::ObjectStore;
 use crate::caller::{with_retries, Caller};
 use crate::classify::{classify_store_error, StoreFailure};
 use crate::error::{refuse_special_file, NativeError, NativeResult};
-use crate::local_file::LocalFileSource;
+use crate::local_file::LocalShardSource;
 use crate::policy;
 use crate::runtime::fork_guard;
 use crate::source::ByteSource;
@@ -119,8 +119,9 @@ impl Storage {
         StreamReader::open(request, self.factory(&location)?)
     }
 
-    /// The bytes of a shard for its decoder thread: a local file is read in that thread
-    /// itself (no runtime task, no hand-off), an S3 object through a resumable stream.
+    /// The bytes of a shard for its decoder: a local file's first piece is read by the
+    /// decoder itself (no runtime task, no hand-off) and the rest streamed; an S3 object is
+    /// streamed from its start.
     pub fn shard_source(
         &self,
         uri: &str,
@@ -128,16 +129,24 @@ impl Storage {
         etag: Option<String>,
         format: &'static str,
     ) -> NativeResult<Box<dyn ByteSource>> {
-        match Location::parse(uri, false)? {
-            Location::File { path } => {
-                let path = std::path::PathBuf::from(path);
-                refuse_special_file(&path, true)?;
-                let policy = policy::current();
-                let source = LocalFileSource::new(uri, path, size, Some(format), policy);
-                Ok(Box::new(source))
-            }
-            Location::S3 { .. } => Ok(Box::new(self.stream(uri, size, etag, 0, Some(format))?)),
-        }
+        let location = Location::parse(uri, false)?;
+        let Location::File { path } = &location else {
+            return Ok(Box::new(self.stream(uri, size, etag, 0, Some(format))?));
+        };
+        let path = std::path::PathBuf::from(path);
+        refuse_special_file(&path, true)?;
+        let request = StreamRequest {
+            uri: uri.to_string(),
+            path: location.object_path(),
+            size,
+            // A local file's etag is not enforced (SPEC section 4).
+            etag: None,
+            start: 0,
+            format: Some(format),
+            policy: policy::current(),
+        };
+        let factory = self.factory(&location)?;
+        Ok(Box::new(LocalShardSource::new(path, request, factory)))
     }
 
     /// The whole object. NotFound if it does not exist.

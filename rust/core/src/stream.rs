@@ -41,6 +41,7 @@ pub const FIRST_FILE_READ: usize = 64 * 1024;
 pub type StoreFactory = Arc<dyn Fn() -> NativeResult<Arc<dyn ObjectStore>> + Send + Sync>;
 
 /// What to stream.
+#[derive(Clone)]
 pub struct StreamRequest {
     pub uri: String,
     pub path: Path,
@@ -81,16 +82,27 @@ pub struct StreamReader {
 }
 
 impl StreamReader {
+    /// Starts streaming; the stream counters entered on this thread count it.
     pub fn open(request: StreamRequest, factory: StoreFactory) -> NativeResult<StreamReader> {
+        let counters = crate::counters::entered();
+        if let Some(counters) = &counters {
+            counters.stream_opened();
+        }
+        Self::continue_counted(request, factory, counters)
+    }
+
+    /// Continues, from `request.start`, a read that another source started and counted as an
+    /// open: its bytes and retries add to `counters`.
+    pub fn continue_counted(
+        request: StreamRequest,
+        factory: StoreFactory,
+        counters: Option<Arc<Counters>>,
+    ) -> NativeResult<StreamReader> {
         let runtime = runtime()?;
         let (sender, receiver) = mpsc::channel(CHANNEL_SLOTS);
         let readahead = Arc::new(Semaphore::new(READAHEAD_BYTES));
         let shared = Arc::new(Shared::default());
         let (uri, size, position) = (request.uri.clone(), request.size, request.start);
-        let counters = crate::counters::entered();
-        if let Some(counters) = &counters {
-            counters.stream_opened();
-        }
         let producer = Producer {
             request,
             factory,
