@@ -175,24 +175,26 @@ impl Storage {
 
     /// (size, etag) of an object; the etag is "" where the store gives none.
     pub fn head<C: Caller>(&self, caller: &C, uri: &str) -> Result<(u64, String), C::Error> {
-        let location = Location::parse(uri, false)?;
-        let path = location.object_path();
-        let owned_uri = uri.to_string();
-        with_retries(caller, "HEAD", uri, |fresh| {
-            let store = self.store(&location, fresh)?;
-            let (path, uri) = (path.clone(), owned_uri.clone());
-            Ok(async move {
-                let meta = store
-                    .head(&path)
-                    .await
-                    .map_err(|e| classify_store_error(&uri, e, None))?;
-                Ok((meta.size, meta.e_tag.unwrap_or_default()))
-            })
-        })
+        match self.head_if_exists(caller, uri)? {
+            Some(found) => Ok(found),
+            None => Err(NativeError::NotFound {
+                uri: uri.to_string(),
+            }
+            .into()),
+        }
     }
 
     /// Whether an object exists (HEAD, under the retry budget).
     pub fn exists<C: Caller>(&self, caller: &C, uri: &str) -> Result<bool, C::Error> {
+        Ok(self.head_if_exists(caller, uri)?.is_some())
+    }
+
+    /// (size, etag) of an object, or `None` when there is none.
+    fn head_if_exists<C: Caller>(
+        &self,
+        caller: &C,
+        uri: &str,
+    ) -> Result<Option<(u64, String)>, C::Error> {
         let location = Location::parse(uri, false)?;
         let path = location.object_path();
         let owned_uri = uri.to_string();
@@ -201,8 +203,8 @@ impl Storage {
             let (path, uri) = (path.clone(), owned_uri.clone());
             Ok(async move {
                 match store.head(&path).await {
-                    Ok(_) => Ok(true),
-                    Err(object_store::Error::NotFound { .. }) => Ok(false),
+                    Ok(meta) => Ok(Some((meta.size, meta.e_tag.unwrap_or_default()))),
+                    Err(object_store::Error::NotFound { .. }) => Ok(None),
                     Err(e) => Err(classify_store_error(&uri, e, None)),
                 }
             })

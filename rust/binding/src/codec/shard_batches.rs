@@ -5,7 +5,6 @@
 use std::sync::mpsc::Receiver;
 use std::sync::Mutex;
 
-use bytes::Bytes;
 use pyo3::prelude::*;
 use syvain_core::caller::receive;
 use syvain_core::codec::columnar::{
@@ -13,13 +12,13 @@ use syvain_core::codec::columnar::{
 };
 use syvain_core::codec::{shard_error, RecordRange, ShardFormat};
 use syvain_core::error::NativeError;
-use syvain_core::source::{ByteSource, MemorySource};
+use syvain_core::source::ByteSource;
 
 use super::arrow_batch::{IntBuffer, ShardBatch};
+use super::invalid_lines::InvalidLines;
+use super::memory_source;
 use crate::caller::PythonCaller;
 use crate::error::BindingResult;
-
-const LOGGER: &str = "syvain_training_data";
 
 /// Iterates the record batches of one msgpack.zstf or jsonl.gz shard.
 ///
@@ -32,7 +31,7 @@ pub struct ShardBatchReader {
     uri: String,
     /// Behind a mutex only because a pyclass must be `Sync`.
     receiver: Option<Mutex<Receiver<Message>>>,
-    logger: Option<PyObject>,
+    invalid_lines: InvalidLines,
 }
 
 impl ShardBatchReader {
@@ -50,7 +49,7 @@ impl ShardBatchReader {
             format,
             uri,
             receiver: Some(Mutex::new(receiver)),
-            logger: None,
+            invalid_lines: InvalidLines::default(),
         })
     }
 
@@ -63,27 +62,6 @@ impl ShardBatchReader {
             Some(message) => Ok(Some(message)),
             None => Err(self.error("decoder thread stopped unexpectedly").into()),
         }
-    }
-
-    fn log_invalid_lines(&mut self, py: Python<'_>, numbers: &[u64]) -> PyResult<()> {
-        if numbers.is_empty() {
-            return Ok(());
-        }
-        let logger = match &self.logger {
-            Some(logger) => logger.bind(py).clone(),
-            None => {
-                let logger = py.import("logging")?.call_method1("getLogger", (LOGGER,))?;
-                self.logger = Some(logger.clone().unbind());
-                logger
-            }
-        };
-        for number in numbers {
-            logger.call_method1(
-                "error",
-                ("Skipping invalid JSON record in %s:%d", &self.uri, *number),
-            )?;
-        }
-        Ok(())
     }
 
     fn error(&self, reason: impl Into<String>) -> NativeError {
@@ -102,7 +80,7 @@ impl ShardBatchReader {
         loop {
             match self.receive(py)? {
                 Some(Message::Batch(batch, invalid)) => {
-                    self.log_invalid_lines(py, &invalid)?;
+                    self.invalid_lines.log(py, &self.uri, &invalid)?;
                     if let Some(batch) = batch {
                         return Ok(Some(ShardBatch::new(batch)));
                     }
@@ -153,9 +131,7 @@ pub fn shard_batches_from_bytes(
         columns: column_selection(columns)?,
         batch_rows: batch_size,
     };
-    let chunk = chunk_size.unwrap_or(data.len()).max(1);
-    let chunks: Vec<Bytes> = data.chunks(chunk).map(Bytes::copy_from_slice).collect();
-    let source = Box::new(MemorySource::new(chunks));
+    let source = memory_source(data, chunk_size);
     let size = data.len() as u64;
     Ok(ShardBatchReader::open(
         format, uri, source, size, range, options,
