@@ -92,10 +92,12 @@ impl Decoder {
     /// Starts decoding the records `range` of `source` (an object of `size_bytes` bytes) as
     /// `format`. The thread stops when the decoder is dropped.
     ///
-    /// A source whose bytes never wait on the network ([`ByteSource::is_immediate`]: a local
-    /// file, memory) has its first batch (one record) decoded here, and its thread starts only
-    /// when the reader asks for the next: a shard's first record then costs no thread start
-    /// and no hand-off. Every other source is decoded on a thread started at once.
+    /// A range from the first record of a source whose bytes never wait on the network
+    /// ([`ByteSource::is_immediate`]: a local file, memory) has its first batch (one record)
+    /// decoded here, and its thread starts only when the reader asks for the next: a shard's
+    /// first record then costs no thread start and no hand-off. Everything else is decoded on a
+    /// thread started at once, so that skipping to a later first record (reading what comes
+    /// before it) never holds up the caller where it cannot be interrupted.
     pub fn start(
         format: ShardFormat,
         uri: &str,
@@ -103,7 +105,7 @@ impl Decoder {
         size_bytes: u64,
         range: RecordRange,
     ) -> NativeResult<Decoder> {
-        let immediate = source.is_immediate();
+        let immediate = source.is_immediate() && range.start == 0;
         let mut producer = Producer::new(format, source, size_bytes, range);
         let (sender, receiver) = sync_channel(CHANNEL_BATCHES);
         let mut decoder = Decoder {
