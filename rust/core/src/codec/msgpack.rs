@@ -41,6 +41,10 @@ pub trait Sink {
     fn begin_array(&mut self, len: usize) -> Result<(), Self::Error>;
     /// Closes the innermost open map or array.
     fn end(&mut self) -> Result<(), Self::Error>;
+    /// Whether the sink ignores fixed-size scalars (ints, floats, nil, bools): the parser then
+    /// passes over runs of them among array items in one tight loop, without calling
+    /// [`Sink::scalar`] (token id lists are most of an LLM dataset's bytes).
+    const IGNORES_FIXED_SCALARS: bool = false;
 }
 
 #[derive(Debug, PartialEq)]
@@ -55,6 +59,7 @@ pub struct Validator;
 
 impl Sink for Validator {
     type Error = std::convert::Infallible;
+    const IGNORES_FIXED_SCALARS: bool = true;
     fn scalar(&mut self, _: Scalar<'_>) -> Result<(), Self::Error> {
         Ok(())
     }
@@ -137,6 +142,24 @@ pub enum Token<'a> {
     Map(usize),
     Array(usize),
 }
+
+/// Bytes of the fixed-size scalar a marker starts (ints, floats, nil, bools); 0 for others.
+const FIXED_SCALAR_BYTES: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut marker = 0;
+    while marker < 256 {
+        table[marker] = match marker as u8 {
+            0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => 1,
+            0xcc | 0xd0 => 2,
+            0xcd | 0xd1 => 3,
+            0xca | 0xce | 0xd2 => 5,
+            0xcb | 0xcf | 0xd3 => 9,
+            _ => 0,
+        };
+        marker += 1;
+    }
+    table
+};
 
 /// Reads tokens off a payload; every read is bounds-checked, so any bytes are safe to feed.
 pub struct Cursor<'a> {
@@ -227,6 +250,32 @@ impl<'a> Cursor<'a> {
         }
     }
 
+    /// Passes over the run of (at most `most`) fixed-size scalars at the cursor that lie wholly
+    /// in the bytes so far, and returns how many; what stops the run is left for
+    /// [`Cursor::token`] to read or report.
+    fn skip_fixed_scalars(&mut self, most: usize) -> usize {
+        let (buf, mut pos) = (self.buf, self.pos);
+        let size_at = |pos: usize| buf.get(pos).map_or(0, |&m| FIXED_SCALAR_BYTES[usize::from(m)]);
+        let mut skipped = 0;
+        while skipped < most {
+            let len = usize::from(size_at(pos));
+            if len == 0 || buf.len() - pos < len {
+                break;
+            }
+            // A run of one size: the next position does not wait on the byte just read, as the
+            // CPU predicts the size check.
+            loop {
+                pos += len;
+                skipped += 1;
+                if skipped == most || buf.len() - pos < len || usize::from(size_at(pos)) != len {
+                    break;
+                }
+            }
+        }
+        self.pos = pos;
+        skipped
+    }
+
     /// The next token; `None` if it is not complete yet (the position is then unchanged).
     fn resumable_token(&mut self) -> Result<Option<Token<'a>>, &'static str> {
         let mark = self.pos;
@@ -248,31 +297,76 @@ impl<'a> Cursor<'a> {
         })
     }
 
-    /// The next value if it is an integer that fits an i64 (the position then moves past it);
-    /// otherwise `None` and the position is unchanged, for [`Cursor::token`] to read or
-    /// report. The columnar decoder's fast path for lists of token ids.
-    pub fn int(&mut self) -> Option<i64> {
-        let rest = self.buf.get(self.pos..)?;
-        let marker = *rest.first()?;
-        let be = |n: usize| -> Option<u64> {
-            let bytes = rest.get(1..=n)?;
-            Some(bytes.iter().fold(0u64, |v, &b| (v << 8) | u64::from(b)))
-        };
-        let (value, len) = match marker {
-            0x00..=0x7f => (i64::from(marker), 1),
-            0xe0..=0xff => (i64::from(marker as i8), 1),
-            0xcc => (be(1)? as i64, 2),
-            0xcd => (be(2)? as i64, 3),
-            0xce => (be(4)? as i64, 5),
-            0xcf => (i64::try_from(be(8)?).ok()?, 9),
-            0xd0 => (i64::from(be(1)? as u8 as i8), 2),
-            0xd1 => (i64::from(be(2)? as u16 as i16), 3),
-            0xd2 => (i64::from(be(4)? as u32 as i32), 5),
-            0xd3 => (be(8)? as i64, 9),
-            _ => return None,
-        };
-        self.pos += len;
-        Some(value)
+    /// Appends the run of (at most `most`) integers at the cursor that fit an i64 to `out`, and
+    /// returns how many; what stops the run (another type, an int beyond i64, a truncated int)
+    /// is left for [`Cursor::token`] to read or report. The columnar decoder's fast path for
+    /// lists of token ids: a run of one encoding is decoded in a loop whose only branch on the
+    /// bytes is "same marker again", which the CPU predicts.
+    pub fn ints(&mut self, most: usize, out: &mut Vec<i64>) -> usize {
+        let end = out.len() + most;
+        let start = out.len();
+        while out.len() < end {
+            let Some(&marker) = self.buf.get(self.pos) else {
+                break;
+            };
+            let before = out.len();
+            match marker {
+                0x00..=0x7f => self.fixint_run(end, out, |b| b < 0x80),
+                0xe0..=0xff => self.fixint_run(end, out, |b| b >= 0xe0),
+                0xcc => self.int_run(end, out, |[b]: [u8; 1]| Some(i64::from(b))),
+                0xcd => self.int_run(end, out, |b| Some(i64::from(u16::from_be_bytes(b)))),
+                0xce => self.int_run(end, out, |b| Some(i64::from(u32::from_be_bytes(b)))),
+                0xcf => self.int_run(end, out, |b| i64::try_from(u64::from_be_bytes(b)).ok()),
+                0xd0 => self.int_run(end, out, |b| Some(i64::from(i8::from_be_bytes(b)))),
+                0xd1 => self.int_run(end, out, |b| Some(i64::from(i16::from_be_bytes(b)))),
+                0xd2 => self.int_run(end, out, |b| Some(i64::from(i32::from_be_bytes(b)))),
+                0xd3 => self.int_run(end, out, |b| Some(i64::from_be_bytes(b))),
+                _ => break,
+            }
+            if out.len() == before {
+                break;
+            }
+        }
+        out.len() - start
+    }
+
+    /// One-byte ints (the marker is the value) while `same` holds.
+    fn fixint_run(&mut self, end: usize, out: &mut Vec<i64>, same: impl Fn(u8) -> bool) {
+        while out.len() < end {
+            match self.buf.get(self.pos) {
+                Some(&b) if same(b) => out.push(i64::from(b as i8)),
+                _ => break,
+            }
+            self.pos += 1;
+        }
+    }
+
+    /// Ints of the marker at the cursor followed by `N` big-endian bytes, while the marker
+    /// repeats and `decode` takes the value.
+    fn int_run<const N: usize>(
+        &mut self,
+        end: usize,
+        out: &mut Vec<i64>,
+        decode: impl Fn([u8; N]) -> Option<i64>,
+    ) {
+        let marker = self.buf[self.pos];
+        while out.len() < end {
+            let Some((&[first], bytes)) = self
+                .buf
+                .get(self.pos..self.pos + 1 + N)
+                .map(|item| item.split_at(1))
+            else {
+                break;
+            };
+            if first != marker {
+                break;
+            }
+            let Some(value) = decode(bytes.try_into().expect("N bytes")) else {
+                break;
+            };
+            out.push(value);
+            self.pos += 1 + N;
+        }
     }
 
     fn raw_token(&mut self) -> Result<Token<'a>, &'static str> {
@@ -387,6 +481,12 @@ impl Parser {
                 self.stack.pop();
                 sink.end().map_err(ParseError::Sink)?;
                 continue;
+            }
+            if S::IGNORES_FIXED_SCALARS && !top.map {
+                top.remaining -= cur.skip_fixed_scalars(top.remaining);
+                if top.remaining == 0 {
+                    continue;
+                }
             }
             let is_key = top.map && top.remaining % 2 == 0;
             let Some(token) = cur.resumable_token().map_err(payload)? else {
@@ -535,7 +635,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn int_reads_what_token_reads_for_every_integer_encoding() {
+    fn ints_read_what_token_reads_for_every_integer_encoding() {
         let mut payload = Vec::new();
         let signed = [
             0,
@@ -568,18 +668,29 @@ mod tests {
         }
         // Explicit wide encodings of small values, as other writers may emit them.
         payload.extend_from_slice(&[0xd0, 0x05, 0xd1, 0xff, 0xfe, 0xcf, 0, 0, 0, 0, 0, 0, 0, 9]);
-        let mut fast = Cursor::new(&payload);
         let mut slow = Cursor::new(&payload);
+        let mut expected = Vec::new();
+        let mut ends = Vec::new();
         while slow.remaining() > 0 {
-            let expected = match slow.token().unwrap() {
+            expected.push(match slow.token().unwrap() {
                 Token::Scalar(Scalar::Int(i)) => i,
                 Token::Scalar(Scalar::UInt(u)) => i64::try_from(u).unwrap(),
                 other => panic!("{other:?}"),
-            };
-            assert_eq!(fast.int(), Some(expected));
-            assert_eq!(fast.pos, slow.pos);
+            });
+            ends.push(slow.pos);
         }
-        assert_eq!(fast.int(), None);
+        // Every prefix length, then all at once (runs of one encoding and changes of encoding).
+        for most in 0..=expected.len() {
+            let mut fast = Cursor::new(&payload);
+            let mut out = vec![7];
+            assert_eq!(fast.ints(most, &mut out), most);
+            assert_eq!(out[1..], expected[..most]);
+            assert_eq!(fast.pos, if most == 0 { 0 } else { ends[most - 1] });
+        }
+        let mut fast = Cursor::new(&payload);
+        let mut out = Vec::new();
+        assert_eq!(fast.ints(usize::MAX, &mut out), expected.len());
+        assert_eq!(fast.ints(1, &mut out), 0);
         // Not an int, an int beyond i64, a truncated int: left for token() to read or report.
         for bytes in [
             &[0xa1, b'x'][..],
@@ -588,8 +699,14 @@ mod tests {
             &[0xc0],
         ] {
             let mut cursor = Cursor::new(bytes);
-            assert_eq!(cursor.int(), None);
+            assert_eq!(cursor.ints(5, &mut Vec::new()), 0);
             assert_eq!(cursor.pos, 0);
+            // After a run, the same values stop it where they start.
+            let run = [&[0xcd, 1, 2, 0xcd, 3, 4][..], bytes].concat();
+            let mut cursor = Cursor::new(&run);
+            let mut out = Vec::new();
+            assert_eq!(cursor.ints(5, &mut out), 2);
+            assert_eq!((out, cursor.pos), (vec![258, 772], 6));
         }
     }
 

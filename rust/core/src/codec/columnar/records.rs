@@ -301,12 +301,7 @@ fn push_msgpack_ints(
     };
     // At least one byte per value: the payload bounds the reservation.
     ints.reserve(most.min(cursor.remaining()));
-    let mut taken = 0;
-    while taken < most {
-        let Some(value) = cursor.int() else { break };
-        ints.push(value);
-        taken += 1;
-    }
+    let taken = cursor.ints(most, ints);
     column.appended_ints(taken, bytes);
     taken
 }
