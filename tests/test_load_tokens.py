@@ -532,3 +532,31 @@ def test_a_record_without_a_chosen_column_is_named(tmp_path, data_format):
     assert next(iter(loader.load("train", columns=["label"])))["label"].tolist() == [0, 1]
     with pytest.raises(ValueError, match="no column 'tokens'"):
         list(loader.load("train", columns=["tokens", "label"]))
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_worker_batches_come_through_a_batch_ring(local_sets, monkeypatch, persistent):
+    """Worker batches arrive through the loader's shared-memory ring, also after a pass left
+    batches in flight (persistent workers drain them; new workers get a new ring)."""
+    from syvain_training_data.loading import transfer
+
+    taken = []
+    take = transfer.BatchRing.take
+    monkeypatch.setattr(
+        transfer.BatchRing, "take", lambda ring, *a: taken.append(1) or take(ring, *a)
+    )
+    client, sets = local_sets
+    uri, _ = sets["msgpack.zstf"]
+    args = {"batch_size": 2, "num_workers": 2, "multiprocessing_context": "fork"}
+    loader = client.split_data_loader(uri, None, {**args, "persistent_workers": persistent})
+    dl = loader.load_tokens("train", seq_len=8, seed=3)
+    iterator = iter(dl)
+    next(iterator), next(iterator)  # epoch 0, left with batches in flight
+    del iterator
+    epoch_1 = [batch.clone() for batch in dl]
+    fresh = client.split_data_loader(uri, None, args).load_tokens("train", seq_len=8, seed=3)
+    fresh.set_epoch(1)
+    expected = list(fresh)
+    assert len(epoch_1) == len(expected) > 2
+    assert all(torch.equal(a, b) for a, b in zip(epoch_1, expected, strict=True))
+    assert len(taken) >= len(epoch_1) + len(expected)

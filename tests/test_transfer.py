@@ -1,4 +1,5 @@
-"""loading/transfer.py: small tensors a worker sends travel by value and come back whole."""
+"""loading/transfer.py: tensors a worker sends travel through a batch ring or by value and come
+back whole."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def through_pipe(value: object) -> object:
     ],
 )
 def test_small_tensors_come_back_equal_and_writable(tensor):
-    got = through_pipe(transfer._wrap({"a": tensor, "n": [tensor, 3], "s": "text"}))
+    got = through_pipe(transfer._wrap({"a": tensor, "n": [tensor, 3], "s": "text"}, None))
     for value in (got["a"], got["n"][0]):
         assert isinstance(value, torch.Tensor)
         assert value.dtype == tensor.dtype and value.shape == tensor.shape
@@ -42,11 +43,97 @@ def test_small_tensors_come_back_equal_and_writable(tensor):
 
 def test_large_tensors_are_left_to_torch():
     large = torch.zeros(transfer.BY_VALUE_BYTES // 8 + 1, dtype=torch.int64)
-    assert transfer._wrap(large) is large
+    assert transfer._wrap(large, None) is large
     small = torch.zeros(transfer.BY_VALUE_BYTES // 8, dtype=torch.int64)
-    assert isinstance(transfer._wrap(small), transfer._ByValue)
+    assert isinstance(transfer._wrap(small, None), transfer._ByValue)
 
 
 def test_the_main_process_keeps_its_batches_as_they_are():
     batch = {"tokens": torch.ones(2, 2)}
     assert transfer.for_transfer(batch) is batch
+
+
+class RingBatches(torch.utils.data.IterableDataset):
+    """Each worker sends ``count`` tensors of its own values, some larger than a slot."""
+
+    def __init__(self, ring: transfer.BatchRing | None, count: int, slot_elements: int) -> None:
+        self.ring, self.count, self.slot_elements = ring, count, slot_elements
+
+    def __iter__(self):
+        worker = torch.utils.data.get_worker_info().id
+        for index in range(self.count):
+            size = (
+                self.slot_elements + 1 if index % 7 == 3 else 1 + (index * 5) % self.slot_elements
+            )
+            tensor = torch.arange(size, dtype=torch.int64) + 1000 * index + 10**6 * worker
+            yield transfer.for_transfer((worker, index, tensor.view(1, -1)), self.ring)
+
+
+def expected(worker: int, index: int, slot_elements: int) -> torch.Tensor:
+    size = slot_elements + 1 if index % 7 == 3 else 1 + (index * 5) % slot_elements
+    return (torch.arange(size, dtype=torch.int64) + 1000 * index + 10**6 * worker).view(1, -1)
+
+
+def ring_pass(monkeypatch, ring, prefetch: int, context: str = "fork", count: int = 60):
+    """Every tensor of a 2-worker DataLoader, checked, and how many came out of ring slots."""
+    taken = []
+    take = transfer.BatchRing.take
+
+    def counted(self, *args):
+        taken.append(args[0])
+        return take(self, *args)
+
+    monkeypatch.setattr(transfer.BatchRing, "take", counted)
+    loader = torch.utils.data.DataLoader(
+        RingBatches(ring, count, 64),
+        batch_size=None,
+        num_workers=2,
+        prefetch_factor=prefetch,
+        multiprocessing_context=context,
+    )
+    seen = set()
+    for worker, index, tensor in loader:
+        assert torch.equal(tensor, expected(worker, index, 64))
+        tensor.view(-1)[0] = -1  # its own, writable memory
+        seen.add((worker, index))
+    assert seen == {(w, i) for w in range(2) for i in range(count)}
+    return taken
+
+
+def test_batches_come_through_the_ring_slots_in_turn(monkeypatch):
+    ring = transfer.BatchRing.for_batches(2, 2 * 2, 64 * 8)
+    assert ring is not None and ring.per_worker == 5
+    taken = ring_pass(monkeypatch, ring, prefetch=2)
+    # Every tensor that fits a slot came through one (the loader's in-flight bound holds).
+    assert len(taken) == sum(1 for i in range(60) if i % 7 != 3) * 2
+    assert set(taken) == set(range(10))
+
+
+def test_more_batches_in_flight_than_slots_go_by_value(monkeypatch):
+    ring = transfer.BatchRing(2, 2, 64 * 8)
+    taken = ring_pass(monkeypatch, ring, prefetch=16)
+    assert 0 < len(taken) <= 2 * 60
+
+
+def test_a_spawned_worker_gets_no_ring_and_sends_by_value(monkeypatch):
+    ring = transfer.BatchRing.for_batches(2, 4, 64 * 8)
+    assert pickle.loads(pickle.dumps(ring)) is None
+    assert ring_pass(monkeypatch, ring, prefetch=2, context="spawn", count=8) == []
+
+
+def test_a_ring_is_bounded_and_refuses_what_it_cannot_hold():
+    assert transfer.BatchRing.for_batches(0, 4, 1024) is None
+    assert transfer.BatchRing.for_batches(2, 4, transfer.RING_MAX_BYTES // 2) is None
+    capped = transfer.BatchRing.for_batches(4, 64, 8 << 20)
+    assert capped is not None and capped.per_worker == transfer.RING_MAX_BYTES // (4 * (8 << 20))
+    ring = transfer.BatchRing(1, 2, 64)
+    assert ring.put(torch.zeros(4)) is None  # the main process sends nothing
+    with pytest.raises(RuntimeError, match="slot 1 was sent but not written"):
+        ring.take(1, torch.int64, (8,))
+    with pytest.raises(IndexError, match="slot 2 of a ring of 2 slots"):
+        ring._states.is_free(2)
+    with pytest.raises(ValueError, match="writable contiguous buffer"):
+        transfer._native.SlotStates(b"\0" * 16, 2)
+    del ring
+    with pytest.raises(RuntimeError, match="no longer exists"):
+        transfer._take(10**9, 0, "int64", (1,))

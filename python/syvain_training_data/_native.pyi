@@ -2,7 +2,7 @@
 
 import builtins
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Buffer, Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, final
 
@@ -84,6 +84,17 @@ class ObjectStream:
     def buffered_bytes(self) -> int | None: ...
     @property
     def resumes(self) -> int | None: ...
+
+@final
+class SlotStates:
+    """Free/held state of each slot of a shared-memory ring, 4 bytes per slot at the start of
+    ``memory``, read and written with acquire/release atomics."""
+
+    def __new__(cls, memory: Buffer, slots: int) -> SlotStates: ...
+    def is_free(self, slot: int) -> bool: ...
+    def hold(self, slot: int) -> None: ...
+    def is_held(self, slot: int) -> bool: ...
+    def free(self, slot: int) -> None: ...
 
 @final
 class StreamCounters:

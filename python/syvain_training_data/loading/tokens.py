@@ -14,6 +14,7 @@ each worker, and ``state_dict`` holds those positions (never tokens).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import time
@@ -29,7 +30,7 @@ from syvain_training_data.loading.dataset import ShardDataset
 from syvain_training_data.loading.reader import ShardRange, consumer_records
 from syvain_training_data.loading.stats import PUBLISH_MASK
 from syvain_training_data.loading.tensors import int_lists
-from syvain_training_data.loading.transfer import for_transfer
+from syvain_training_data.loading.transfer import BatchRing, for_transfer
 from syvain_training_data.shard import iter_shard_batches
 
 __all__ = ["TokenDataLoader", "TokenDataset", "TokenPacker", "merge_token_states"]
@@ -107,6 +108,8 @@ class TokenDataset(ShardDataset):
         self.seq_len = seq_len
         self.eos_id = eos_id
         self.token_interrupts: tuple[plan.TokenInterrupt, ...] = ()
+        # Set by the loader before it forks workers: how their batches reach it.
+        self.ring: BatchRing | None = None
 
     def state_dict(self) -> dict[str, Any]:
         raise TypeError("A token dataset resumes through its loader's state_dict()")
@@ -126,7 +129,8 @@ class TokenDataset(ShardDataset):
         epoch, interrupts = self.epoch, self.token_interrupts
         # A persistent worker's copy advances one epoch per pass, like the loader.
         self.epoch, self.token_interrupts = epoch + 1, ()
-        return map(for_transfer, self._batches(epoch, interrupts, worker, workers))
+        send = functools.partial(for_transfer, ring=self.ring)
+        return map(send, self._batches(epoch, interrupts, worker, workers))
 
     def _batches(
         self,
@@ -233,6 +237,13 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
         started = time.perf_counter()
         epoch, interrupts = self._begin_pass()
         self.dataset.token_interrupts = interrupts
+        if self.num_workers and (self._iterator is None or not self.persistent_workers):
+            # New workers fork from here: a ring of their own.
+            self.dataset.ring = BatchRing.for_batches(
+                self.num_workers,
+                (self.prefetch_factor or 2) * self.num_workers,
+                self.dataset.batch_size * self.dataset.seq_len * torch.int64.itemsize,
+            )
         workers = self._topology.workers
         progress: dict[str, Any] = {
             "epoch": epoch,
@@ -242,7 +253,7 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
             "finished": False,
         }
         self._pass = progress
-        batches = _tracked(super().__iter__(), progress, workers)
+        batches = _tracked(super().__iter__(), progress, workers, self.dataset.ring)
         return self._stats.timed(batches, started)
 
     def _rank_entry(self, progress: dict[str, Any]) -> list[int]:
@@ -303,10 +314,10 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
 
 
 def _tracked(
-    batches: Iterator[_Tagged], progress: dict[str, Any], workers: int
+    batches: Iterator[_Tagged], progress: dict[str, Any], workers: int, ring: BatchRing | None
 ) -> Iterator[torch.Tensor]:
     # Positions are those of batches the training loop received: batches workers prefetched
-    # but the loop never took are not consumed.
+    # but the loop never took are not consumed. ``ring`` is held while its batches arrive.
     positions = list(progress["positions"])
     progress["positions"] = positions
     for batch, worker, whole, offset in batches:

@@ -12,6 +12,7 @@ mod error;
 mod object_stream;
 mod policy;
 mod rows;
+mod slot_states;
 mod storage;
 mod upload;
 
@@ -21,6 +22,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<storage::NativeStorage>()?;
     m.add_class::<object_stream::ObjectStream>()?;
     m.add_class::<counters::StreamCounters>()?;
+    m.add_class::<slot_states::SlotStates>()?;
     m.add_function(wrap_pyfunction!(policy::set_storage_policy, m)?)?;
     m.add_function(wrap_pyfunction!(policy::get_storage_policy, m)?)?;
     m.add("READAHEAD_BYTES", syvain_core::stream::READAHEAD_BYTES)?;

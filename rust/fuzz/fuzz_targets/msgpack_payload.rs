@@ -3,10 +3,10 @@
 //! columnar int runs read what the token reader reads.
 #![no_main]
 
+use libfuzzer_sys::fuzz_target;
 use syvain_core::codec::msgpack::{
     parse_record, validate_record, Cursor, ParseError, Scalar, Sink, StreamValidator, Token,
 };
-use libfuzzer_sys::fuzz_target;
 
 /// Checks the event stream: containers close in order, keys alternate with values.
 #[derive(Default)]

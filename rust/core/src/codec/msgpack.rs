@@ -255,7 +255,10 @@ impl<'a> Cursor<'a> {
     /// [`Cursor::token`] to read or report.
     fn skip_fixed_scalars(&mut self, most: usize) -> usize {
         let (buf, mut pos) = (self.buf, self.pos);
-        let size_at = |pos: usize| buf.get(pos).map_or(0, |&m| FIXED_SCALAR_BYTES[usize::from(m)]);
+        let size_at = |pos: usize| {
+            buf.get(pos)
+                .map_or(0, |&m| FIXED_SCALAR_BYTES[usize::from(m)])
+        };
         let mut skipped = 0;
         while skipped < most {
             let len = usize::from(size_at(pos));
