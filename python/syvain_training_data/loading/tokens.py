@@ -14,6 +14,7 @@ each worker, and ``state_dict`` holds those positions (never tokens).
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import itertools
@@ -36,8 +37,13 @@ from syvain_training_data.shard import iter_shard_batches
 __all__ = ["TokenDataLoader", "TokenDataset", "TokenPacker", "merge_token_states"]
 
 STATE_KIND = "tokens"
+# A worker sends its batches to the loader in bundles of about this many bytes: one DataLoader
+# item (request, pipe message, wake-ups) per bundle rather than per batch.
+BUNDLE_BYTES = 1 << 20
 # (batch, worker, records wholly consumed, tokens of the next record consumed)
 _Tagged = tuple[torch.Tensor, int, int, int]
+# (worker, whether it is the worker's last, its batches): one DataLoader item
+_Bundle = tuple[int, bool, list[_Tagged]]
 
 
 class TokenPacker:
@@ -108,8 +114,10 @@ class TokenDataset(ShardDataset):
         self.seq_len = seq_len
         self.eos_id = eos_id
         self.token_interrupts: tuple[plan.TokenInterrupt, ...] = ()
-        # Set by the loader before it forks workers: how their batches reach it.
+        # Set by the loader before it forks workers: how their batches reach it, and how many
+        # travel as one DataLoader item.
         self.ring: BatchRing | None = None
+        self.bundle = 1
 
     def state_dict(self) -> dict[str, Any]:
         raise TypeError("A token dataset resumes through its loader's state_dict()")
@@ -123,14 +131,15 @@ class TokenDataset(ShardDataset):
         text = f"{self.selection.fingerprint()}:{STATE_KIND}:{self.column}:{self.eos_id}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-    def __iter__(self) -> Iterator[_Tagged]:
+    def __iter__(self) -> Iterator[_Bundle]:
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         epoch, interrupts = self.epoch, self.token_interrupts
         # A persistent worker's copy advances one epoch per pass, like the loader.
         self.epoch, self.token_interrupts = epoch + 1, ()
+        batches = self._batches(epoch, interrupts, worker, workers)
         send = functools.partial(for_transfer, ring=self.ring)
-        return map(send, self._batches(epoch, interrupts, worker, workers))
+        return map(send, _bundled(batches, worker, self.bundle))
 
     def _batches(
         self,
@@ -239,10 +248,10 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
         self.dataset.token_interrupts = interrupts
         if self.num_workers and (self._iterator is None or not self.persistent_workers):
             # New workers fork from here: a ring of their own.
+            batch_bytes = self.dataset.batch_size * self.dataset.seq_len * torch.int64.itemsize
+            self.dataset.bundle = max(1, BUNDLE_BYTES // batch_bytes)
             self.dataset.ring = BatchRing.for_batches(
-                self.num_workers,
-                (self.prefetch_factor or 2) * self.num_workers,
-                self.dataset.batch_size * self.dataset.seq_len * torch.int64.itemsize,
+                self.num_workers, (self.prefetch_factor or 2) * self.dataset.bundle, batch_bytes
             )
         workers = self._topology.workers
         progress: dict[str, Any] = {
@@ -313,14 +322,50 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
         self._iterator = None
 
 
+def _bundled(batches: Iterator[_Tagged], worker: int, size: int) -> Iterator[_Bundle]:
+    """A worker's batches in bundles of ``size``, the last (maybe empty) marked as such."""
+    bundle: list[_Tagged] = []
+    for tagged in batches:
+        bundle.append(tagged)
+        if len(bundle) == size:
+            yield worker, False, bundle
+            bundle = []
+    yield worker, True, bundle
+
+
+def _in_turn(bundles: Iterator[_Bundle], workers: int) -> Iterator[_Tagged]:
+    """The bundles' batches in the order a DataLoader hands out batches sent one by one: one
+    from each worker in turn, passing over workers that are done. So the stream, and where a
+    state resumes it, do not depend on the bundle size."""
+    queues: list[collections.deque[_Tagged]] = [collections.deque() for _ in range(workers)]
+    ended = [False] * workers
+    turn = 0
+    while True:
+        if queues[turn]:
+            yield queues[turn].popleft()
+        elif not ended[turn]:
+            bundle = next(bundles, None)
+            if bundle is None:  # every worker sends a last bundle; this is only a guard
+                ended = [True] * workers
+                continue
+            worker, last, batches = bundle
+            queues[worker].extend(batches)
+            ended[worker] = last
+            continue
+        live = [w for w in range(workers) if queues[w] or not ended[w]]
+        if not live:
+            return
+        turn = min(live, key=lambda w: (w - turn - 1) % workers)
+
+
 def _tracked(
-    batches: Iterator[_Tagged], progress: dict[str, Any], workers: int, ring: BatchRing | None
+    batches: Iterator[_Bundle], progress: dict[str, Any], workers: int, ring: BatchRing | None
 ) -> Iterator[torch.Tensor]:
     # Positions are those of batches the training loop received: batches workers prefetched
     # but the loop never took are not consumed. ``ring`` is held while its batches arrive.
     positions = list(progress["positions"])
     progress["positions"] = positions
-    for batch, worker, whole, offset in batches:
+    for batch, worker, whole, offset in _in_turn(batches, workers):
         positions[worker] = (whole, offset)
         progress["turn"] = (worker + 1) % workers
         yield batch

@@ -96,10 +96,10 @@ class BatchRing:
 
     @classmethod
     def for_batches(cls, workers: int, in_flight: int, batch_bytes: int) -> BatchRing | None:
-        """A ring for ``workers`` workers, each with at most ``in_flight`` batches of at most
-        ``batch_bytes`` on their way (a DataLoader: ``prefetch_factor * num_workers``, as one
-        worker may get every request), within RING_MAX_BYTES; None if two slots per worker
-        exceed it."""
+        """A ring for ``workers`` workers, each with about ``in_flight`` batches of at most
+        ``batch_bytes`` on their way (a DataLoader asks each worker for ``prefetch_factor``
+        items; one worker may get more when the others are done, and those go by value), within
+        RING_MAX_BYTES; None if two slots per worker exceed it."""
         if workers < 1:
             return None
         slot_bytes = max(batch_bytes, 1)
