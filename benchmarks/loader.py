@@ -18,8 +18,8 @@ shards, counted by a TCP relay in front of SeaweedFS, for each format, unshuffle
 
 Run: .venv/bin/python benchmarks/loader.py  (build with `maturin develop --release` first)
 Peers: pass --peer-python PATH to a Python that has `streaming` and `litdata` installed; they
-are measured in a subprocess of this script. `scripts/peer_env.sh DIR` makes one (litdata is
-pinned to 0.2.60: the zstd chunks 0.2.76 writes fail its own reader, "missing LDFZ01 magic").
+are measured in a subprocess of this script. `scripts/peer_env.sh DIR` makes one, with the
+newest litdata and `zstandard` (without it litdata's own zstd chunks fail to read back).
 """
 
 from __future__ import annotations

@@ -8,10 +8,14 @@ the local directory store. Cases, each at 0 and 2 DataLoader workers (fork), bes
   tensor (``torch.tensor``) - the record path.
 - ``load_tokens``: packed (batch, seq_len) int64 blocks.
 - ``columns``: ``load(columns=["tokens"])``, padded tensors built in the worker.
+- ``load_tokens steady`` (2 workers only): one loader with persistent workers, timed from its
+  second pass on: the rate of a long run, without the workers' start (fork, first shard opens)
+  that weighs on a pass of a few tens of milliseconds.
 - ``floor``: the same shards (already in memory) decompressed and parsed in Rust with nothing
   handed to Python (``_native._decode_only``, a benchmark-only helper).
 - ``litdata``: with --peer-python (a Python with litdata, e.g. scripts/peer_env.sh), the same
-  tokens optimized for litdata (untimed) and read with its ``TokensLoader`` blocks of seq_len.
+  tokens optimized for litdata (untimed) and read with its ``TokensLoader`` blocks of seq_len;
+  ``litdata steady`` likewise with persistent workers, from the second pass on.
 
 Prints one JSON line per case and a summary of ratios against the dict path.
 Run: .venv/bin/python benchmarks/tokens_loader.py [--records 4000] [--peer-python PATH]
@@ -78,7 +82,13 @@ def ours(uri: str, workers: int, repeat: int) -> dict[str, tuple[float, int]]:
     dict_loader = client.split_data_loader(uri, flat_tokens, records_args)
     tensor_loader = client.split_data_loader(uri, None, records_args)
     token_loader = client.split_data_loader(uri, None, args)
-    return {
+    cases: dict[str, tuple[float, int]] = {}
+    if workers:
+        persistent = client.split_data_loader(uri, None, dict(args, persistent_workers=True))
+        steady = persistent.load_tokens("train", seq_len=SEQ_LEN)
+        sum(batch.numel() for batch in steady)  # starts the workers
+        cases["load_tokens steady"] = timed(lambda: steady, torch.numel, repeat)
+    return cases | {
         "dict": timed(lambda: dict_loader.load("train"), len, repeat),
         "columns": timed(
             lambda: tensor_loader.load("train", columns=["tokens"]),
@@ -115,19 +125,26 @@ PEER_SCRIPT = textwrap.dedent(
     from litdata.streaming.item_loader import TokensLoader
 
     def main():
-        root, docs_file, repeat, workers, seq_len, batch = sys.argv[1:7]
+        root, docs_file, repeat, workers, seq_len, batch, persistent = sys.argv[1:8]
         repeat, workers, seq_len, batch = int(repeat), int(workers), int(seq_len), int(batch)
         docs = json.load(open(docs_file))
         litdata.optimize(fn=convert, inputs=docs, output_dir=root + "/lit",
                          chunk_size=(seq_len + 1) * 64, item_loader=TokensLoader(),
                          num_workers=1)
         best = 0.0
-        for _ in range(repeat):
+        fork = {"multiprocessing_context": "fork"} if workers else {}
+        if persistent == "1":
             blocks = TokensLoader(block_size=seq_len)
             dataset = litdata.StreamingDataset(root + "/lit", item_loader=blocks)
-            fork = {"multiprocessing_context": "fork"} if workers else {}
             loader = litdata.StreamingDataLoader(dataset, batch_size=batch, num_workers=workers,
-                                                 **fork)
+                                                 persistent_workers=True, **fork)
+            sum(b.numel() for b in loader)  # starts the workers
+        for _ in range(repeat):
+            if persistent != "1":
+                blocks = TokensLoader(block_size=seq_len)
+                dataset = litdata.StreamingDataset(root + "/lit", item_loader=blocks)
+                loader = litdata.StreamingDataLoader(dataset, batch_size=batch,
+                                                     num_workers=workers, **fork)
             start = time.perf_counter()
             tokens = sum(b.numel() for b in loader)
             best = max(best, tokens / (time.perf_counter() - start))
@@ -144,7 +161,9 @@ PEER_SCRIPT = textwrap.dedent(
 )
 
 
-def litdata_rate(python: str, docs: list[list[int]], workers: int, repeat: int) -> Any:
+def litdata_rate(
+    python: str, docs: list[list[int]], workers: int, repeat: int, persistent: bool = False
+) -> Any:
     with tempfile.TemporaryDirectory() as root:
         Path(f"{root}/docs.json").write_text(json.dumps(docs))
         Path(f"{root}/peer.py").write_text(PEER_SCRIPT)
@@ -158,6 +177,7 @@ def litdata_rate(python: str, docs: list[list[int]], workers: int, repeat: int) 
                 str(workers),
                 str(SEQ_LEN),
                 str(BATCH),
+                str(int(persistent)),
             ],
             capture_output=True,
             text=True,
@@ -199,22 +219,27 @@ def main() -> None:
                         }
                     )
                 )
-            if options.peer_python:
-                found_peer = litdata_rate(options.peer_python, docs, workers, options.repeat)
+            peer_cases = (
+                {"litdata": False, "litdata steady": True} if workers else {"litdata": False}
+            )
+            for case, persistent in peer_cases.items() if options.peer_python else ():
+                found_peer = litdata_rate(
+                    options.peer_python, docs, workers, options.repeat, persistent
+                )
                 if isinstance(found_peer, dict):
-                    print(json.dumps({"case": "litdata", "workers": workers, **found_peer}))
-                else:
-                    summary[f"litdata@{workers}"] = found_peer[0]
-                    print(
-                        json.dumps(
-                            {
-                                "case": "litdata",
-                                "workers": workers,
-                                "tokens_per_s": round(found_peer[0]),
-                                "tokens": found_peer[1],
-                            }
-                        )
+                    print(json.dumps({"case": case, "workers": workers, **found_peer}))
+                    continue
+                summary[f"{case}@{workers}"] = found_peer[0]
+                print(
+                    json.dumps(
+                        {
+                            "case": case,
+                            "workers": workers,
+                            "tokens_per_s": round(found_peer[0]),
+                            "tokens": found_peer[1],
+                        }
                     )
+                )
     ratios = {}
     for workers in (0, 2):
         base = summary[f"dict@{workers}"]
@@ -231,6 +256,13 @@ def main() -> None:
     ratios["load_tokens 2 workers/0 workers"] = round(
         summary["load_tokens@2"] / summary["load_tokens@0"], 2
     )
+    ratios["load_tokens steady 2 workers/0 workers"] = round(
+        summary["load_tokens steady@2"] / summary["load_tokens@0"], 2
+    )
+    if "litdata steady@2" in summary:
+        ratios["load_tokens steady/litdata steady@2"] = round(
+            summary["load_tokens steady@2"] / summary["litdata steady@2"], 2
+        )
     print(json.dumps({"summary": ratios}))
 
 

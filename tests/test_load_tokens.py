@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 
 from syvain_training_data import SyvainTrainingData  # noqa: E402
 from syvain_training_data.loading import plan  # noqa: E402
+from syvain_training_data.loading import tokens as token_loading  # noqa: E402
 from syvain_training_data.loading.tokens import TokenPacker, merge_token_states  # noqa: E402
 
 FORMATS = ["msgpack.zstf", "jsonl.gz", "parquet"]
@@ -334,17 +335,47 @@ def test_a_gloo_group_gathers_every_rank_position(local_sets, tmp_path):
 
 def test_packer_positions_follow_the_tokens():
     packer = TokenPacker(seq_len=3, batch_size=2)
-    out = list(packer.add(0, 0, torch.arange(4)))
+    out = list(packer.add(0, 0, torch.arange(4), [4]))
     assert out == []
-    ((batch, whole, offset),) = packer.add(1, 2, torch.arange(10, 14))
+    ((batch, whole, offset),) = packer.add(1, 2, torch.arange(10, 14), [4])
     assert batch.tolist() == [[0, 1, 2], [3, 10, 11]] and (whole, offset) == (1, 4)
-    assert list(packer.add(2, 0, torch.tensor([20]))) == []
+    assert list(packer.add(2, 0, torch.tensor([20]), [1])) == []
     ((last, whole, offset),) = packer.finish(drop_last=False)
     assert last.tolist() == [[12, 13, 20]] and (whole, offset) == (3, 0)
     assert list(TokenPacker(3, 2).finish(drop_last=False)) == []
     dropped = TokenPacker(3, 2)
-    assert list(dropped.add(0, 0, torch.arange(5))) == []
+    assert list(dropped.add(0, 0, torch.arange(5), [5])) == []
     assert list(dropped.finish(drop_last=True)) == []
+
+
+@pytest.mark.parametrize("eos_id", [None, 7])
+@pytest.mark.parametrize("seed", range(6))
+def test_a_run_packs_as_its_records_one_by_one(seed, eos_id):
+    # A decoded batch goes to the packer as one run; the batches and the position after each
+    # must be those of its records added one at a time (empty records and eos included).
+    rng = random.Random(seed)
+    lengths = [rng.choice([0, 1, 2, 5, 9]) for _ in range(rng.randint(1, 30))]
+    bounds = [0]
+    for n in lengths:
+        bounds.append(bounds[-1] + n)
+    values = torch.arange(100, 100 + bounds[-1])
+    seq_len, batch = rng.randint(1, 4), rng.randint(1, 3)
+    cut = token_loading._Cut({}, 0, [(0, len(lengths))])
+
+    def packed(pieces):
+        return [(b.tolist(), whole, offset) for b, whole, offset in pieces]
+
+    one_run, one_by_one = TokenPacker(seq_len, batch), TokenPacker(seq_len, batch)
+    split = rng.randint(1, len(lengths))  # two runs: the first ends where a record does
+    runs = packed(token_loading._pack_run(one_run, 3, values, bounds[: split + 1], eos_id))
+    runs += packed(token_loading._pack_run(one_run, 3 + split, values, bounds[split:], eos_id))
+    runs += packed(one_run.finish(drop_last=False))
+    records = packed(token_loading._pack_records(one_by_one, 3, values, bounds, eos_id, cut))
+    records += packed(one_by_one.finish(drop_last=False))
+    assert runs == records
+    assert sum(len(b) * seq_len for b, _, _ in runs) == (
+        (bounds[-1] + len(lengths) * (eos_id is not None)) // seq_len * seq_len
+    )
 
 
 def test_token_layout_cuts_carry_through_a_chain():
@@ -376,7 +407,8 @@ def simulate_consumer(lengths, part, cuts, seq_len, batch, drop_last, first_id):
     for index, position in enumerate(positions):
         tokens = torch.arange(first_id[position], first_id[position] + lengths[position])
         start = cuts.get(position, 0)
-        for b, whole, offset in packer.add(index, start, tokens[start:]):
+        rest = tokens[start:]
+        for b, whole, offset in packer.add(index, start, rest, [len(rest)]):
             out.append((b.flatten().tolist(), (whole, offset)))
     for b, whole, offset in packer.finish(drop_last):
         out.append((b.flatten().tolist(), (whole, offset)))
@@ -534,10 +566,12 @@ def test_a_record_without_a_chosen_column_is_named(tmp_path, data_format):
         list(loader.load("train", columns=["tokens", "label"]))
 
 
+@pytest.mark.parametrize("seed", [None, 3])
 @pytest.mark.parametrize("persistent", [False, True])
-def test_worker_batches_come_through_a_batch_ring(local_sets, monkeypatch, persistent):
-    """Worker batches arrive through the loader's shared-memory ring, also after a pass left
-    batches in flight (persistent workers drain them; new workers get a new ring)."""
+def test_worker_batches_come_through_a_batch_ring(local_sets, monkeypatch, persistent, seed):
+    """Worker batches arrive through the loader's shared-memory ring, read in place, also after
+    a pass left batches in flight (persistent workers drain them; new workers get a new ring);
+    a batch the loop keeps holds its slot, and the rest go by value meanwhile."""
     from syvain_training_data.loading import transfer
 
     taken = []
@@ -549,12 +583,20 @@ def test_worker_batches_come_through_a_batch_ring(local_sets, monkeypatch, persi
     uri, _ = sets["msgpack.zstf"]
     args = {"batch_size": 2, "num_workers": 2, "multiprocessing_context": "fork"}
     loader = client.split_data_loader(uri, None, {**args, "persistent_workers": persistent})
-    dl = loader.load_tokens("train", seq_len=8, seed=3)
+    dl = loader.load_tokens("train", seq_len=8, seed=seed)
     iterator = iter(dl)
     next(iterator), next(iterator)  # epoch 0, left with batches in flight
     del iterator
-    epoch_1 = [batch.clone() for batch in dl]
-    fresh = client.split_data_loader(uri, None, args).load_tokens("train", seq_len=8, seed=3)
+    epoch_1 = []
+    for batch in dl:
+        assert dl.dataset.ring is not None
+        memory = dl.dataset.ring._bytes
+        start = memory.data_ptr()
+        in_ring = start <= batch.data_ptr() < start + memory.numel()
+        epoch_1.append((batch.clone(), in_ring))
+    assert all(in_ring for _, in_ring in epoch_1)
+    epoch_1 = [batch for batch, _ in epoch_1]
+    fresh = client.split_data_loader(uri, None, args).load_tokens("train", seq_len=8, seed=seed)
     fresh.set_epoch(1)
     expected = list(fresh)
     assert len(epoch_1) == len(expected) > 2

@@ -130,6 +130,11 @@ def test_a_ring_is_bounded_and_refuses_what_it_cannot_hold():
     assert ring.put(torch.zeros(4)) is None  # the main process sends nothing
     with pytest.raises(RuntimeError, match="slot 1 was sent but not written"):
         ring.take(1, torch.int64, (8,))
+    ring._states.hold(0)
+    with pytest.raises(ValueError, match="not in the slots"):
+        ring._states.lend(0, 0, 8)  # the states' own bytes
+    with pytest.raises(ValueError, match="not in the slots"):
+        ring._states.lend(0, len(ring._memory) - 4, 8)
     with pytest.raises(IndexError, match="slot 2 of a ring of 2 slots"):
         ring._states.is_free(2)
     with pytest.raises(ValueError, match="writable contiguous buffer"):
@@ -137,3 +142,45 @@ def test_a_ring_is_bounded_and_refuses_what_it_cannot_hold():
     del ring
     with pytest.raises(RuntimeError, match="no longer exists"):
         transfer._take(10**9, 0, "int64", (1,))
+
+
+class InWorker:
+    """get_worker_info() of DataLoader worker ``id`` of ``num_workers``."""
+
+    def __init__(self, id: int, num_workers: int) -> None:
+        self.id, self.num_workers = id, num_workers
+
+
+def test_a_batch_built_in_its_slot_travels_without_a_copy_and_holds_it_until_gone(monkeypatch):
+    ring = transfer.BatchRing(1, 3, 8 * 16)
+    monkeypatch.setattr(transfer, "get_worker_info", lambda: InWorker(0, 1))
+    built = ring.reserve(torch.int64, (2, 8))
+    assert built is not None
+    built.copy_(torch.arange(16).view(2, 8))
+    sent = ring.put(built)
+    assert isinstance(sent, transfer._InSlot) and sent.slot == 0
+    copied = ring.put(torch.arange(100, 116).view(4, 4))  # not reserved: copied into slot 1
+    assert copied is not None and copied.slot == 1
+    assert ring.reserve(torch.int64, (17,)) is None  # larger than a slot
+    # A reserved tensor keeps its slot from the next reservation until it is put or dropped.
+    two = transfer.BatchRing(1, 2, 64)
+    first, second = two.reserve(torch.int64, (8,)), two.reserve(torch.int64, (8,))
+    assert first is not None and second is not None and two.reserve(torch.int64, (8,)) is None
+    del first
+    assert two.reserve(torch.int64, (8,)) is not None
+    monkeypatch.setattr(transfer, "get_worker_info", lambda: None)
+
+    got = through_pipe(sent)
+    assert torch.equal(got, torch.arange(16).view(2, 8))
+    assert got.data_ptr() == built.data_ptr()  # read in place
+    again = through_pipe(copied)
+    assert torch.equal(again, torch.arange(100, 116).view(4, 4))
+    # The slot stays held while the tensor or any view of it lives.
+    view = got[1]
+    del got
+    assert not ring._states.is_free(0)
+    view[0] = -1  # writable
+    del view
+    assert ring._states.is_free(0)
+    del again
+    assert ring._states.is_free(1)

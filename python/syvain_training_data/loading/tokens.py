@@ -14,13 +14,13 @@ each worker, and ``state_dict`` holds those positions (never tokens).
 
 from __future__ import annotations
 
+import bisect
 import collections
 import functools
 import hashlib
-import itertools
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils.data import get_worker_info
@@ -46,28 +46,55 @@ _Tagged = tuple[torch.Tensor, int, int, int]
 _Bundle = tuple[int, bool, list[_Tagged]]
 
 
+class _Run:
+    """Tokens of consecutive records held by a packer: records ``first``, ``first + 1``, ...
+    from token ``offset`` of the first on; ``ends[i]`` is where record ``first + i`` ends in
+    ``tokens`` (the run may stop inside its last record, which then has no end). ``taken``
+    tokens of it have gone into batches."""
+
+    __slots__ = ("ends", "first", "offset", "taken", "tokens")
+
+    def __init__(self, first: int, offset: int, tokens: torch.Tensor, ends: list[int]) -> None:
+        self.first, self.offset, self.tokens, self.ends = first, offset, tokens, ends
+        self.taken = 0
+
+    def position(self, at: int) -> tuple[int, int]:
+        """(records wholly consumed, tokens of the next consumed) after token ``at``."""
+        ends = self.ends
+        k = bisect.bisect_left(ends, at)
+        if k < len(ends) and ends[k] == at:
+            return self.first + k + 1, 0
+        if k == 0:
+            return self.first, self.offset + at
+        return self.first + k, at - ends[k - 1]
+
+
 class TokenPacker:
-    """Cuts a stream of token segments into batches of ``batch_size`` blocks of ``seq_len``.
+    """Cuts a stream of token runs into batches of ``batch_size`` blocks of ``seq_len``.
 
-    A segment is (index of its record in the consumer's part, token offset of its first token
-    in the record, tokens). Each batch comes with the position after its last token."""
+    A run is the tokens of consecutive records of the consumer's part (a decoded batch's token
+    column is one); each batch comes with the position after its last token. In a DataLoader
+    worker a batch is built in a slot of ``ring`` when one is free (it then travels without a
+    copy)."""
 
-    def __init__(self, seq_len: int, batch_size: int) -> None:
+    def __init__(self, seq_len: int, batch_size: int, ring: BatchRing | None = None) -> None:
         self.seq_len = seq_len
         self.batch_tokens = seq_len * batch_size
-        # (record, offset, tokens, their count, whether they end the record)
-        self._segments: list[tuple[int, int, torch.Tensor, int, bool]] = []
+        self._ring = ring
+        self._runs: collections.deque[_Run] = collections.deque()
         self._held = 0
 
     def add(
-        self, record: int, offset: int, tokens: torch.Tensor, *, ends_record: bool = True
+        self, first: int, offset: int, tokens: torch.Tensor, ends: list[int]
     ) -> Iterator[tuple[torch.Tensor, int, int]]:
-        """Adds the tokens of ``record`` from token ``offset`` on; ``ends_record`` says whether
-        they run to the record's end (an ``eos_id`` may follow as a segment of its own)."""
+        """Adds the tokens of records ``first``, ``first + 1``, ... from token ``offset`` of the
+        first on; ``ends[i]`` is where record ``first + i`` ends in ``tokens``, ascending. A run
+        that stops inside its last record (an ``eos_id`` may follow as a run of its own) has no
+        end for it."""
         count = tokens.shape[0]
         if count == 0:
             return
-        self._segments.append((record, offset, tokens, count, ends_record))
+        self._runs.append(_Run(first, offset, tokens, ends))
         self._held += count
         while self._held >= self.batch_tokens:
             yield self._take(self.batch_tokens)
@@ -83,23 +110,33 @@ class TokenPacker:
         pieces = []
         left = count
         while True:
-            record, offset, tokens, length, ends_record = self._segments[0]
-            if length > left:
-                pieces.append(tokens[:left])
-                rest = (record, offset + left, tokens[left:], length - left, ends_record)
-                self._segments[0] = rest
-                position = (record, offset + left)
+            run = self._runs[0]
+            start = run.taken
+            available = run.tokens.shape[0] - start
+            if available > left:
+                run.taken = start + left
+                pieces.append(run.tokens[start : run.taken])
+                position = run.position(run.taken)
                 break
-            pieces.append(tokens)
-            left -= length
-            self._segments.pop(0)
+            pieces.append(run.tokens[start:] if start else run.tokens)
+            left -= available
+            self._runs.popleft()
             if left == 0:
-                position = (record + 1, 0) if ends_record else (record, offset + length)
+                position = run.position(start + available)
                 break
         self._held -= count
-        batch = torch.cat(pieces) if len(pieces) > 1 else pieces[0].clone()
-        # Its own storage (cat copies): a view would pin, and send, a whole decoded batch.
-        return batch.view(-1, self.seq_len), *position
+        # Its own storage: a view would pin, and send, a whole decoded batch.
+        batch = self._batch(count // self.seq_len)
+        if len(pieces) > 1:
+            torch.cat(pieces, out=batch.view(-1))
+        else:
+            batch.view(-1).copy_(pieces[0])
+        return batch, *position
+
+    def _batch(self, rows: int) -> torch.Tensor:
+        shape = (rows, self.seq_len)
+        slotted = None if self._ring is None else self._ring.reserve(torch.int64, shape)
+        return torch.empty(shape, dtype=torch.int64) if slotted is None else slotted
 
 
 class TokenDataset(ShardDataset):
@@ -153,45 +190,45 @@ class TokenDataset(ShardDataset):
         layout, cuts = plan.token_layout(length, interrupts, topology, self.rank)
         part = layout[self.rank][worker]
         counters = self.counters.consumer(worker)
-        records = consumer_records(
-            self.selection.orders(epoch),
-            self.stream_shards,
-            self.selection.mixed(epoch),
-            part,
-            lambda r: counters.watch(self._open(r)),
+        orders, mixed = self.selection.orders(epoch), self.selection.mixed(epoch)
+        # In plain order (no shuffle window, no mixing) a decoded batch's records are the next
+        # records of the part: they reach the packer as one run, with no Python per record.
+        in_runs = mixed is None and not orders[0].window
+        open_range = self._open if in_runs else self._open_records
+        runs = consumer_records(
+            orders, self.stream_shards, mixed, part, lambda r: counters.watch(open_range(r))
         )
-        positions = (p for start, stop in part for p in range(start, stop))
-        packer = TokenPacker(self.seq_len, self.batch_size)
-        eos = None if self.eos_id is None else torch.tensor([self.eos_id], dtype=torch.int64)
-        index = -1
+        cut_at = _cuts_by_index(part, cuts)
+        packer = TokenPacker(self.seq_len, self.batch_size, self.ring)
+        index = 0
         try:
-            for index, (position, (tokens, count)) in enumerate(
-                zip(positions, records, strict=True)
-            ):
-                if index and not index & PUBLISH_MASK:
-                    counters.yielded(index)
-                start = cuts.get(position, 0)
-                length = count + (eos is not None)
-                if start >= length and start > 0:
-                    raise ValueError(
-                        f"The loader state cuts record {position} of epoch {epoch} at token "
-                        f"{start}, but it holds {length}: the data changed since"
-                    )
-                if start:
-                    tokens = tokens[start:]
-                pieces = packer.add(index, start, tokens, ends_record=eos is None)
-                if eos is not None:
-                    pieces = itertools.chain(pieces, packer.add(index, count, eos))
+            for values, bounds in runs:
+                count = len(bounds) - 1
+                if cut_at and any(index <= i < index + count for i in cut_at):
+                    cut = _Cut(cut_at, epoch, part)
+                    pieces = _pack_records(packer, index, values, bounds, self.eos_id, cut)
+                else:
+                    pieces = _pack_run(packer, index, values, bounds, self.eos_id)
                 for batch, whole, offset in pieces:
                     yield batch, worker, whole, offset
+                if (index ^ (index + count)) & ~PUBLISH_MASK:
+                    counters.yielded(index + count)
+                index += count
+            expected = sum(stop - start for start, stop in part)
+            if index != expected:
+                raise ValueError(
+                    f"Read {index} records of epoch {epoch} where the plan has {expected}: "
+                    "the data changed since the manifest was written"
+                )
             for batch, whole, offset in packer.finish(self.drop_last):
                 yield batch, worker, whole, offset
         finally:
-            counters.yielded(index + 1)  # records read (a cut one counts once)
+            counters.yielded(index)  # records read (a cut one counts once)
 
-    def _open(self, shard_range: ShardRange) -> Iterator[tuple[torch.Tensor, int]]:
-        """Each record's tokens of a shard range and their count, as int64 tensors sliced from
-        the columnar batches (no Python object per token)."""
+    def _open(self, shard_range: ShardRange) -> Iterator[tuple[torch.Tensor, list[int]]]:
+        """The token column of a shard range's decoded batches, each as one run: (int64
+        values, the offsets of its records in them), sliced from the columnar batches with no
+        Python object per token."""
         index, start, stop = shard_range
         shard = self.table.shard(index)
         batches = iter_shard_batches(
@@ -205,8 +242,15 @@ class TokenDataset(ShardDataset):
         for batch in batches:
             offsets, values = self._int_lists(batch, shard.uri)
             bounds = offsets.tolist()
-            for first, end in zip(bounds, bounds[1:], strict=False):
-                yield values[first:end], end - first
+            if len(bounds) > 1:
+                yield values, bounds
+
+    def _open_records(self, shard_range: ShardRange) -> Iterator[tuple[torch.Tensor, list[int]]]:
+        """A shard range's records one by one, each a run of one (shuffle windows and mixing
+        reorder records)."""
+        for values, bounds in self._open(shard_range):
+            for i in range(len(bounds) - 1):
+                yield values, bounds[i : i + 2]
 
     def _int_lists(self, batch: Any, uri: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(offsets, int64 values) of the token column of a native or pyarrow batch."""
@@ -217,6 +261,85 @@ class TokenDataset(ShardDataset):
                 f"The token column {self.column!r} of shard {uri} is not a list of int token "
                 f"ids in every record ({error})"
             ) from None
+
+
+def _pack_run(
+    packer: TokenPacker,
+    index: int,
+    values: torch.Tensor,
+    bounds: list[int],
+    eos_id: int | None,
+) -> Iterator[tuple[torch.Tensor, int, int]]:
+    """Records ``index``, ``index + 1``, ... (``values[bounds[i]:bounds[i + 1]]``), each
+    followed by ``eos_id`` when given, into ``packer`` as one run."""
+    low, high = bounds[0], bounds[-1]
+    tokens = values[low:high]
+    if eos_id is None:
+        return packer.add(index, 0, tokens, [end - low for end in bounds[1:]])
+    # Each record's eos goes after its tokens: record i's end moves by i + 1.
+    ends = [end - low + i for i, end in enumerate(bounds[1:], 1)]
+    joined = torch.full((len(tokens) + len(ends),), eos_id, dtype=torch.int64)
+    keep = torch.ones(len(joined), dtype=torch.bool)
+    keep[torch.tensor(ends, dtype=torch.int64) - 1] = False
+    joined[keep] = tokens
+    return packer.add(index, 0, joined, ends)
+
+
+class _Cut(NamedTuple):
+    """Records of a consumer's part that a loader state cut: index in the part -> tokens of it
+    already consumed; the epoch and the part, to name a record in an error."""
+
+    at: dict[int, int]
+    epoch: int
+    part: Sequence[tuple[int, int]]
+
+
+def _pack_records(
+    packer: TokenPacker,
+    index: int,
+    values: torch.Tensor,
+    bounds: list[int],
+    eos_id: int | None,
+    cut: _Cut,
+) -> Iterator[tuple[torch.Tensor, int, int]]:
+    """As :func:`_pack_run`, record by record, each from the token ``cut`` resumes it at."""
+    eos = None if eos_id is None else torch.tensor([eos_id], dtype=torch.int64)
+    for record, (low, high) in enumerate(zip(bounds, bounds[1:], strict=False), index):
+        count = high - low
+        start = cut.at.get(record, 0)
+        length = count + (eos is not None)
+        if start >= length and start > 0:
+            raise ValueError(
+                f"The loader state cuts record {_epoch_position(cut.part, record)} of epoch "
+                f"{cut.epoch} at token {start}, but it holds {length}: the data changed since"
+            )
+        tokens = values[low + min(start, count) : high]
+        if eos is None:
+            yield from packer.add(record, start, tokens, [len(tokens)])
+        else:
+            yield from packer.add(record, start, tokens, [])
+            yield from packer.add(record, count, eos, [1])
+
+
+def _cuts_by_index(part: Sequence[tuple[int, int]], cuts: dict[int, int]) -> dict[int, int]:
+    """``cuts`` (epoch position -> tokens of it already consumed) by index in ``part``."""
+    by_index: dict[int, int] = {}
+    base = 0
+    for start, stop in part:
+        for position, tokens in cuts.items():
+            if start <= position < stop:
+                by_index[base + position - start] = tokens
+        base += stop - start
+    return by_index
+
+
+def _epoch_position(part: Sequence[tuple[int, int]], index: int) -> int:
+    """The epoch position of the ``index``-th record of ``part``."""
+    for start, stop in part:
+        if index < stop - start:
+            return start + index
+        index -= stop - start
+    raise IndexError(index)
 
 
 def _as_is(batch: Any) -> Any:
@@ -250,9 +373,11 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
             # New workers fork from here: a ring of their own.
             batch_bytes = self.dataset.batch_size * self.dataset.seq_len * torch.int64.itemsize
             self.dataset.bundle = max(1, BUNDLE_BYTES // batch_bytes)
-            self.dataset.ring = BatchRing.for_batches(
-                self.num_workers, (self.prefetch_factor or 2) * self.dataset.bundle, batch_bytes
-            )
+            # A worker's slots: the bundles the DataLoader prefetches, the one the loader is
+            # handing out and the batch the training loop holds (slots are read in place).
+            bundle = self.dataset.bundle
+            in_flight = ((self.prefetch_factor or 2) + 1) * bundle + 1
+            self.dataset.ring = BatchRing.for_batches(self.num_workers, in_flight, batch_bytes)
         workers = self._topology.workers
         progress: dict[str, Any] = {
             "epoch": epoch,

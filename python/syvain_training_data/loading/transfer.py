@@ -5,16 +5,18 @@ and a mapping per tensor, a fixed cost that dominates for the batches of a train
 2048 tokens: 128 KiB). Two cheaper ways, measured in benchmarks/tokens_loader.py:
 
 - A :class:`BatchRing`, for a loader whose batches have a known largest size (``load_tokens``):
-  shared-memory slots the loader maps before it forks its workers. A worker copies a batch
-  into its next slot and sends a few bytes through the DataLoader's pipe; the training process
-  copies the batch out and frees the slot. For 128 KiB batches on 2 cores a bare DataLoader
-  moves about 5,500 batches/s this way, against 2,700 by value and 1,300 through torch's
-  shared memory.
+  shared-memory slots the loader maps before it forks its workers. A worker builds a batch in
+  its next free slot (:meth:`BatchRing.reserve`), or copies it there, and sends a few bytes
+  through the DataLoader's pipe; the training process reads the batch in place, and the slot is
+  free again once that tensor and every view of it are gone (``_native.HeldSlot``). For 128 KiB
+  batches on 2 cores a bare DataLoader moved about 5,500 batches/s this way when the training
+  process still copied them out, against 2,700 by value and 1,300 through torch's shared
+  memory.
 - By value: up to BY_VALUE_BYTES a tensor is cheaper to copy through the pipe than torch's
   per-tensor shared memory (about 3x for 128 KiB, even near 1 MiB), so a worker wraps such
   tensors to be pickled as bytes.
 
-Either way the training process gets plain tensors of their own memory, writable.
+Either way the training process gets writable tensors that no one else writes.
 """
 
 from __future__ import annotations
@@ -77,8 +79,9 @@ class BatchRing:
     the training process receives its batches; each slot's state (``_native.SlotStates``,
     atomics) says whether it is free. A tensor travels by value instead when it is larger than
     a slot or not on the CPU, when its worker's next slot is still held (more batches in flight
-    than the ring holds), or in a spawned worker (a ring pickles as no ring): the ring never
-    makes a worker wait. The ring must stay referenced while its batches may arrive."""
+    than the ring holds, or kept by the training loop), or in a spawned worker (a ring pickles
+    as no ring): the ring never makes a worker wait. The ring must stay referenced while its
+    batches may arrive; the memory stays mapped while a batch read from it lives."""
 
     def __init__(self, workers: int, per_worker: int, slot_bytes: int) -> None:
         self.workers = workers
@@ -91,6 +94,8 @@ class BatchRing:
         self._states = _native.SlotStates(self._memory, slots)
         self._bytes = torch.frombuffer(self._memory, dtype=torch.uint8)
         self._turns = [0] * workers
+        # In a worker: its slots reserved for a tensor not yet put (a weak reference to it).
+        self._reserved: dict[int, weakref.ReferenceType[torch.Tensor]] = {}
         self.key = next(_ring_keys)
         _rings[self.key] = self
 
@@ -111,35 +116,58 @@ class BatchRing:
     def __reduce__(self) -> tuple[Any, ...]:
         return (_no_ring, ())
 
-    def put(self, tensor: torch.Tensor) -> _InSlot | None:
-        """In a worker: ``tensor`` copied into this worker's next slot, as the reference the
-        training process turns back into a tensor; None if it does not go by the ring."""
+    def reserve(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor | None:
+        """In a worker: a tensor of ``shape`` in this worker's next free slot, for a batch to be
+        built in place and then :meth:`put` (no copy); None if none is free or it does not
+        fit. The slot stays the tensor's until it is put or dropped."""
         info = get_worker_info()
-        if info is None or info.id >= self.workers or tensor.device.type != "cpu":
-            return None
-        if tensor.nbytes > self.slot_bytes or tensor.is_sparse:
+        size = math.prod(shape) * dtype.itemsize
+        if info is None or info.id >= self.workers or size > self.slot_bytes:
             return None
         turn = self._turns[info.id]
         slot = info.id * self.per_worker + turn
-        if not self._states.is_free(slot):
+        reserved = self._reserved.get(slot)
+        if not self._states.is_free(slot) or (reserved is not None and reserved() is not None):
             return None
-        self._view(slot, tensor.dtype, tuple(tensor.shape)).copy_(tensor)
-        self._states.hold(slot)
+        start = self._header + slot * self.slot_bytes
+        tensor = self._bytes[start : start + size].view(dtype).view(shape)
+        self._reserved[slot] = weakref.ref(tensor)
         self._turns[info.id] = (turn + 1) % self.per_worker
+        return tensor
+
+    def put(self, tensor: torch.Tensor) -> _InSlot | None:
+        """In a worker: ``tensor`` in a slot (where :meth:`reserve` placed it, or copied into
+        the next free one), as the reference the training process turns back into a tensor;
+        None if it does not go by the ring."""
+        if tensor.device.type != "cpu" or tensor.is_sparse:
+            return None
+        slot = self._reserved_slot(tensor)
+        if slot is None:
+            slotted = self.reserve(tensor.dtype, tuple(tensor.shape))
+            if slotted is None:
+                return None
+            slotted.copy_(tensor)
+            slot = self._reserved_slot(slotted)
+            assert slot is not None
+        del self._reserved[slot]
+        self._states.hold(slot)
         return _InSlot(self.key, slot, _dtype_name(tensor.dtype), tuple(tensor.shape))
 
     def take(self, slot: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        """In the training process: the tensor in ``slot``, copied out; the slot is free again."""
-        if not self._states.is_held(slot):
-            raise RuntimeError(f"Batch ring slot {slot} was sent but not written")
-        tensor = self._view(slot, dtype, shape).clone()
-        self._states.free(slot)
-        return tensor
-
-    def _view(self, slot: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        """In the training process: the tensor in ``slot``, read in place; the slot is free
+        again when the tensor, and every view of it, is gone."""
         start = self._header + slot * self.slot_bytes
-        size = math.prod(shape) * dtype.itemsize
-        return self._bytes[start : start + size].view(dtype).view(shape)
+        count = math.prod(shape)
+        held = self._states.lend(slot, start, count * dtype.itemsize)
+        if not count:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(held, dtype=dtype, count=count).view(shape)
+
+    def _reserved_slot(self, tensor: torch.Tensor) -> int | None:
+        for slot, reserved in self._reserved.items():
+            if reserved() is tensor:
+                return slot
+        return None
 
 
 def _no_ring() -> None:

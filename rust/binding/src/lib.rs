@@ -23,6 +23,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<object_stream::ObjectStream>()?;
     m.add_class::<counters::StreamCounters>()?;
     m.add_class::<slot_states::SlotStates>()?;
+    m.add_class::<slot_states::HeldSlot>()?;
     m.add_function(wrap_pyfunction!(policy::set_storage_policy, m)?)?;
     m.add_function(wrap_pyfunction!(policy::get_storage_policy, m)?)?;
     m.add("READAHEAD_BYTES", syvain_core::stream::READAHEAD_BYTES)?;
