@@ -11,6 +11,12 @@ the local directory store. Cases, each at 0 and 2 DataLoader workers (fork), bes
 - ``load_tokens steady`` (2 workers only): one loader with persistent workers, timed from its
   second pass on: the rate of a long run, without the workers' start (fork, first shard opens)
   that weighs on a pass of a few tens of milliseconds.
+- ``columns steady`` (2 workers only): ``columns`` with persistent workers, likewise.
+- ``two processes`` (2 workers only): the ceiling of 2 workers on this machine, two processes
+  each running ``load_tokens`` at 0 workers over half the records (rank r of 2), started
+  together, no DataLoader between them, timed from their second pass; the rate is both halves'
+  tokens over the slower one's time. On 2 cores, where one process at 0 workers already keeps
+  a decoder thread and Python busy, this is what any worker design could reach.
 - ``floor``: the same shards (already in memory) decompressed and parsed in Rust with nothing
   handed to Python (``_native._decode_only``, a benchmark-only helper).
 - ``litdata``: with --peer-python (a Python with litdata, e.g. scripts/peer_env.sh), the same
@@ -88,6 +94,17 @@ def ours(uri: str, workers: int, repeat: int) -> dict[str, tuple[float, int]]:
         steady = persistent.load_tokens("train", seq_len=SEQ_LEN)
         sum(batch.numel() for batch in steady)  # starts the workers
         cases["load_tokens steady"] = timed(lambda: steady, torch.numel, repeat)
+        del steady
+        persistent = client.split_data_loader(
+            uri, None, dict(records_args, persistent_workers=True)
+        )
+        steady_columns = persistent.load("train", columns=["tokens"])
+        sum(1 for _ in steady_columns)
+        cases["columns steady"] = timed(
+            lambda: steady_columns, lambda b: int(b["tokens_lengths"].sum()), repeat
+        )
+        del steady_columns
+        cases["two processes"] = two_processes(uri, repeat)
     return cases | {
         "dict": timed(lambda: dict_loader.load("train"), len, repeat),
         "columns": timed(
@@ -99,6 +116,46 @@ def ours(uri: str, workers: int, repeat: int) -> dict[str, tuple[float, int]]:
             lambda: token_loader.load_tokens("train", seq_len=SEQ_LEN), torch.numel, repeat
         ),
     }
+
+
+HALF_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, time
+    from syvain_training_data import SyvainTrainingData
+
+    def main():
+        uri, rank, repeat, start_at, seq_len, batch = sys.argv[1:7]
+        args = {"batch_size": int(batch)}
+        loader = SyvainTrainingData().split_data_loader(uri, None, args).load_tokens(
+            "train", seq_len=int(seq_len), rank=int(rank), world_size=2
+        )
+        sum(b.numel() for b in loader)  # first pass: opens, allocations
+        while time.time() < float(start_at):
+            time.sleep(0.001)
+        start = time.perf_counter()
+        tokens = sum(b.numel() for _ in range(int(repeat)) for b in loader)
+        print(json.dumps({"tokens": tokens, "seconds": time.perf_counter() - start}))
+
+    main()
+    """
+)
+
+
+def two_processes(uri: str, repeat: int) -> tuple[float, int]:
+    """Both halves' tokens over the slower half's time, the halves read at once."""
+    start_at = time.time() + 8  # after both have imported torch and read a first pass
+    halves = [
+        subprocess.Popen(
+            [sys.executable, "-c", HALF_SCRIPT, uri, str(rank), str(repeat), str(start_at)]
+            + [str(SEQ_LEN), str(BATCH)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    results = [json.loads(half.communicate()[0].strip().splitlines()[-1]) for half in halves]
+    tokens = sum(r["tokens"] for r in results)
+    return tokens / max(r["seconds"] for r in results), tokens // repeat
 
 
 def floor(uri: str, total_tokens: int, repeat: int) -> tuple[float, int] | None:
@@ -246,9 +303,10 @@ def main() -> None:
         for case in ("load_tokens", "columns"):
             ratios[f"{case}/dict@{workers}"] = round(summary[f"{case}@{workers}"] / base, 2)
         if f"litdata@{workers}" in summary:
-            ratios[f"load_tokens/litdata@{workers}"] = round(
-                summary[f"load_tokens@{workers}"] / summary[f"litdata@{workers}"], 2
-            )
+            for case in ("load_tokens", "columns"):
+                ratios[f"{case}/litdata@{workers}"] = round(
+                    summary[f"{case}@{workers}"] / summary[f"litdata@{workers}"], 2
+                )
         if "floor" in summary:
             ratios[f"load_tokens/floor@{workers}"] = round(
                 summary[f"load_tokens@{workers}"] / summary["floor"], 2
@@ -259,10 +317,21 @@ def main() -> None:
     ratios["load_tokens steady 2 workers/0 workers"] = round(
         summary["load_tokens steady@2"] / summary["load_tokens@0"], 2
     )
+    ratios["columns steady 2 workers/0 workers"] = round(
+        summary["columns steady@2"] / summary["columns@0"], 2
+    )
+    # What 2 workers could gain here at most, and how much of it load_tokens gets.
+    ratios["two processes/load_tokens@0"] = round(
+        summary["two processes@2"] / summary["load_tokens@0"], 2
+    )
+    ratios["load_tokens steady@2/two processes"] = round(
+        summary["load_tokens steady@2"] / summary["two processes@2"], 2
+    )
     if "litdata steady@2" in summary:
-        ratios["load_tokens steady/litdata steady@2"] = round(
-            summary["load_tokens steady@2"] / summary["litdata steady@2"], 2
-        )
+        for case in ("load_tokens steady", "columns steady"):
+            ratios[f"{case}/litdata steady@2"] = round(
+                summary[f"{case}@2"] / summary["litdata steady@2"], 2
+            )
     print(json.dumps({"summary": ratios}))
 
 

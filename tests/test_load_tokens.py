@@ -5,6 +5,7 @@ SeaweedFS, a real gloo group)."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -553,6 +554,86 @@ def test_columns_become_tensor_batches(tmp_path, data_format, workers):
         loader.load("train", columns=["tokens", "tokens_lengths"])
 
 
+def column_pass(client, uri, workers, batch, *, state=None, stop_after=None, **load):
+    """(names per batch, tokens per batch, state) of a load(columns=) pass; each batch's
+    padded rows are checked against its lengths."""
+    args: dict[str, Any] = {"batch_size": batch, "num_workers": workers}
+    args.update(load.pop("args", {}))
+    if workers:
+        args["multiprocessing_context"] = "fork"
+    dl = client.split_data_loader(uri, None, args).load("train", columns=["tokens"], **load)
+    if state is not None:
+        dl.load_state_dict(json.loads(json.dumps(state)))
+    tokens = []
+    in_ring = 0
+    iterator = iter(dl)
+    for taken, got in enumerate(iterator):
+        if workers:
+            memory = dl.dataset.ring._bytes
+            start = memory.data_ptr()
+            in_ring += start <= got["tokens"].data_ptr() < start + memory.numel()
+        rows = got["tokens"].tolist()
+        lengths = got["tokens_lengths"].tolist()
+        assert all(set(row[n:]) <= {-7} for row, n in zip(rows, lengths, strict=True))
+        tokens.append([row[:n] for row, n in zip(rows, lengths, strict=True)])
+        if stop_after is not None and taken + 1 == stop_after:
+            break
+    del iterator
+    # Worker batches come through the ring (by value only when a worker runs ahead of its
+    # slots, as one can once the others are done).
+    assert in_ring >= len(tokens) // 2 if workers else in_ring == 0
+    return tokens, dl.state_dict()
+
+
+def record_pass(client, uri, workers, batch, *, state=None, stop_after=None, **load):
+    """The same pass through the record loader (a list of token lists per batch)."""
+    args: dict[str, Any] = {"batch_size": batch, "num_workers": workers}
+    args.update(load.pop("args", {}))
+    if workers:
+        args["multiprocessing_context"] = "fork"
+    dl = client.split_data_loader(uri, _token_lists, args).load("train", **load)
+    if state is not None:
+        dl.load_state_dict(json.loads(json.dumps(state)))
+    batches = []
+    for taken, got in enumerate(dl):
+        batches.append(got)
+        if stop_after is not None and taken + 1 == stop_after:
+            break
+    return batches, dl.state_dict()
+
+
+def _token_lists(records: list[dict[str, Any]]) -> list[list[int]]:
+    return [r["tokens"] for r in records]
+
+
+@pytest.mark.parametrize(
+    "workers,batch,load",
+    [
+        (0, 3, {}),
+        (2, 3, {}),
+        (2, 2, {"seed": 4, "shuffle_buffer": 5}),
+        (3, 4, {"args": {"drop_last": True}}),
+        (2, 1, {"args": {"persistent_workers": True, "prefetch_factor": 1}}),
+    ],
+)
+def test_column_batches_are_the_record_loaders_batches(local_sets, workers, batch, load):
+    """Bundled, through the ring or by value, a column loader yields the batches the record
+    loader yields, in its order; its state resumes on other worker counts like the record
+    loader's, every record exactly once."""
+    client, (uri, documents) = local_sets[0], local_sets[1]["msgpack.zstf"]
+    got, _ = column_pass(client, uri, workers, batch, pad_value=-7, **dict(load))
+    expected, _ = record_pass(client, uri, workers, batch, **dict(load))
+    assert got == expected
+    head, state = column_pass(client, uri, workers, batch, stop_after=5, pad_value=-7, **load)
+    tail, _ = column_pass(client, uri, 1, batch, state=state, pad_value=-7, **dict(load))
+    record_head, record_state = record_pass(client, uri, workers, batch, stop_after=5, **load)
+    assert state == record_state and head == record_head
+    assert tail == record_pass(client, uri, 1, batch, state=record_state, **dict(load))[0]
+    seen = [tuple(r) for b in head + tail for r in b]
+    if "drop_last" not in load.get("args", {}):
+        assert sorted(seen) == sorted(tuple(d) for d in documents)
+
+
 @pytest.mark.parametrize("data_format", FORMATS)
 def test_a_record_without_a_chosen_column_is_named(tmp_path, data_format):
     client = SyvainTrainingData()
@@ -602,3 +683,30 @@ def test_worker_batches_come_through_a_batch_ring(local_sets, monkeypatch, persi
     assert len(epoch_1) == len(expected) > 2
     assert all(torch.equal(a, b) for a, b in zip(epoch_1, expected, strict=True))
     assert len(taken) >= len(epoch_1) + len(expected)
+
+
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="the ring's memory file is Linux's")
+def test_forkserver_workers_send_batches_through_the_ring(local_sets):
+    """Workers that do not fork from the loader map the ring's memory file themselves."""
+    client, sets = local_sets
+    uri, _ = sets["msgpack.zstf"]
+    args = {"batch_size": 2, "num_workers": 2, "multiprocessing_context": "forkserver"}
+    dl = client.split_data_loader(uri, None, args).load_tokens("train", seq_len=8)
+    got = []
+    for batch in dl:
+        memory = dl.dataset.ring._bytes
+        start = memory.data_ptr()
+        assert start <= batch.data_ptr() < start + memory.numel()
+        got.append(batch.clone())
+    fork = {**args, "multiprocessing_context": "fork"}
+    expected = list(client.split_data_loader(uri, None, fork).load_tokens("train", seq_len=8))
+    assert len(got) == len(expected) > 2
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    columns = client.split_data_loader(uri, None, args).load("train", columns=["tokens"])
+    in_ring = []
+    for batch in columns:  # each dropped before the next (a kept one would hold its slot)
+        memory = columns.dataset.ring._bytes
+        pointer = batch["tokens"].data_ptr()
+        if batch["tokens"].numel():
+            in_ring.append(memory.data_ptr() <= pointer < memory.data_ptr() + memory.numel())
+    assert len(in_ring) > 2 and all(in_ring)

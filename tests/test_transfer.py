@@ -4,6 +4,7 @@ back whole."""
 from __future__ import annotations
 
 import io
+import os
 import pickle
 from multiprocessing.reduction import ForkingPickler
 
@@ -115,10 +116,21 @@ def test_more_batches_in_flight_than_slots_go_by_value(monkeypatch):
     assert 0 < len(taken) <= 2 * 60
 
 
-def test_a_spawned_worker_gets_no_ring_and_sends_by_value(monkeypatch):
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_spawned_workers_map_the_ring_through_its_memory_file(monkeypatch, context):
+    ring = transfer.BatchRing.for_batches(2, 2 * 2, 64 * 8)
+    assert ring is not None
+    taken = ring_pass(monkeypatch, ring, prefetch=2, context=context, count=8)
+    if not hasattr(os, "memfd_create"):  # no memory file to hand over: by value
+        assert taken == []
+        return
+    assert len(taken) == sum(1 for i in range(8) if i % 7 != 3) * 2
+
+
+def test_a_ring_pickled_other_than_for_a_new_worker_is_no_ring():
     ring = transfer.BatchRing.for_batches(2, 4, 64 * 8)
     assert pickle.loads(pickle.dumps(ring)) is None
-    assert ring_pass(monkeypatch, ring, prefetch=2, context="spawn", count=8) == []
+    assert through_pipe(ring) is None
 
 
 def test_a_ring_is_bounded_and_refuses_what_it_cannot_hold():

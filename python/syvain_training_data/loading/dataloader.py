@@ -90,7 +90,11 @@ class SyvainDataLoader(EpochLoader[plan.Interrupt]):
             "finished": False,
         }
         self._pass = progress
-        return _counted(self._stats.timed(super().__iter__(), started), progress)
+        return _counted(self._stats.timed(self._batches(), started), progress)
+
+    def _batches(self) -> Iterator[Any]:
+        """This pass's batches as the DataLoader yields them (its workers start here)."""
+        return super().__iter__()
 
     def __len__(self) -> int:
         """Batches this rank yields in the next pass."""

@@ -25,7 +25,7 @@ from syvain_training_data.loading import plan
 from syvain_training_data.loading.dataloader import SyvainDataLoader, endless
 from syvain_training_data.loading.dataset import ShardDataset, stream_tables
 from syvain_training_data.loading.selection import select_shards
-from syvain_training_data.loading.tensors import ColumnDataset, TensorCollate
+from syvain_training_data.loading.tensors import ColumnDataLoader, ColumnDataset, TensorCollate
 from syvain_training_data.manifest import DataManifest, ManifestShard
 from syvain_training_data.storage import StorageConfig
 from syvain_training_data.uris import check_shard_scheme
@@ -271,8 +271,9 @@ class SplitDataLoader:
             the mix and every record is read once per epoch.
           columns: batches of tensors instead of ``collate_fn``'s: a dict of the chosen
             columns, built in the worker (numbers -> (B,), lists of numbers -> (B, longest)
-            padded with ``pad_value`` plus ``{column}_lengths``; strings stay lists). The
-            loader's ``collate_fn`` must then be None.
+            padded with ``pad_value`` plus ``{column}_lengths``; strings stay lists), sent in
+            bundles through a shared-memory batch ring; ``batch_size`` None means batches of
+            one record. The loader's ``collate_fn`` must then be None.
           log_stats_every: every this many seconds, log the loader's ``stats().summary()``
             (logger ``syvain_training_data.loading.stats``, INFO); the DataLoader's
             ``stats()`` returns the counters at any time.
@@ -301,25 +302,33 @@ class SplitDataLoader:
             mixing_weights=mixing_weights,
             mixing_stop=mixing_stop,
         )
-        batch_size = args.get("batch_size", 1)
-        drop_last = bool(args.get("drop_last", False)) and batch_size is not None
-        collate_fn = self.collate_fn
-        dataset_type: type[ShardDataset] = ShardDataset
-        extra: dict[str, Any] = {}
         if columns is not None:
-            if collate_fn is not None:
+            if self.collate_fn is not None:
                 raise ValueError("Pass collate_fn=None to split_data_loader to load columns")
-            collate_fn = TensorCollate(columns, pad_value)
-            dataset_type, extra = ColumnDataset, {"columns": collate_fn.columns}
-        dataset = dataset_type(
-            **planned,
-            batch_size=1 if batch_size is None else batch_size,
-            drop_last=drop_last,
-            **extra,
-        )
-        loader = SyvainDataLoader(
-            dataset, collate_fn=collate_fn, log_stats_every=log_stats_every, **args
-        )
+            collate = TensorCollate(columns, pad_value)
+            # The workers batch and bundle the records themselves (batch_size None: one each).
+            batch_size = args.pop("batch_size", 1)
+            batch_size = 1 if batch_size is None else _check_index(batch_size, "batch_size")
+            columns_dataset = ColumnDataset(
+                **planned,
+                batch_size=batch_size,
+                drop_last=bool(args.pop("drop_last", False)),
+                collate=collate,
+            )
+            loader: SyvainDataLoader = ColumnDataLoader(
+                columns_dataset, log_stats_every=log_stats_every, **args
+            )
+        else:
+            batch_size = args.get("batch_size", 1)
+            drop_last = bool(args.get("drop_last", False)) and batch_size is not None
+            dataset = ShardDataset(
+                **planned,
+                batch_size=1 if batch_size is None else batch_size,
+                drop_last=drop_last,
+            )
+            loader = SyvainDataLoader(
+                dataset, collate_fn=self.collate_fn, log_stats_every=log_stats_every, **args
+            )
         if infinite_iter:
             return endless(loader, split)
         return loader

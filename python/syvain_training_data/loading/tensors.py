@@ -3,27 +3,39 @@
 The records hold only the chosen columns, read from the native decoders' Arrow batches
 (``iter_shard_batches``): a list-of-ints column arrives as an int64 tensor per record, a slice
 of the batch's values, so no Python int is made per item. The batch is built where the records
-are read (in the DataLoader worker), and travels to the training process as tensors instead of
-being pickled record by record.
+are read (in the DataLoader worker), and travels to the training process as tensors, through
+the loader's batch ring when they fit its slots, in bundles of batches (one DataLoader item per
+bundle) handed out in the order a DataLoader gives batches sent one by one.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
+from torch.utils.data import get_worker_info
 
 from syvain_training_data import _native
 from syvain_training_data._native import ShardBatch
+from syvain_training_data.loading.bundles import Bundle, as_is, bundled, in_turn
+from syvain_training_data.loading.dataloader import SyvainDataLoader
 from syvain_training_data.loading.dataset import ShardDataset
 from syvain_training_data.loading.reader import ShardRange
-from syvain_training_data.loading.transfer import for_transfer
+from syvain_training_data.loading.transfer import BatchRing, for_transfer
 from syvain_training_data.shard import iter_shard_batches
 
-__all__ = ["ColumnDataset", "TensorCollate", "int_lists", "lengths_key"]
+__all__ = ["ColumnDataLoader", "ColumnDataset", "TensorCollate", "int_lists", "lengths_key"]
+
+# A worker sends at most this many batches in one bundle (fewer once they reach BUNDLE_BYTES).
+BUNDLE_BATCHES = 8
+# Slots of a column loader's batch ring: a batch tensor up to this size travels through it (a
+# larger one by value or through torch's shared memory). Only the pages batches write are used.
+RING_SLOT_BYTES = 1 << 20
 
 
 def int_lists(batch: Any, column: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,13 +74,35 @@ def _arrow_int_lists(column: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class ColumnDataset(ShardDataset):
-    """A :class:`ShardDataset` whose records are dicts of ``columns`` only, read as Arrow
-    batches: list-of-ints columns as int64 tensors, the others as Python values; a null (a
-    record without the key) leaves the key out."""
+    """A :class:`ShardDataset` whose consumers yield bundles of tensor batches: ``batch_size``
+    records at a time (the last smaller one dropped with ``drop_last``, as a DataLoader would),
+    each a dict of ``collate``'s columns. Records are read as Arrow batches: list-of-ints
+    columns as int64 tensors, the others as Python values; a null (a record without the key)
+    leaves the key out."""
 
-    def __init__(self, *args: Any, columns: Sequence[str], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, collate: TensorCollate, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.columns = list(columns)
+        self.collate = collate
+        self.columns = collate.columns
+        # Set by the loader before it starts workers: how their batches reach it.
+        self.ring: BatchRing | None = None
+
+    def __iter__(self) -> Iterator[Bundle]:
+        info = get_worker_info()
+        worker, size = (0, 1) if info is None else (info.id, BUNDLE_BATCHES)
+        records = super().__iter__()
+        batches = _collated(records, self.collate, self.batch_size, self.drop_last)
+        send = functools.partial(for_transfer, ring=self.ring)
+        return map(send, bundled(batches, worker, size, _tensor_bytes))
+
+    def new_ring(self, workers: int, prefetch_factor: int) -> BatchRing | None:
+        """A batch ring for workers about to start, kept for them: slots for the tensors (at
+        most two per column) of the bundles each worker has in flight, the one the loader is
+        handing out and the batch the training loop holds."""
+        tensors = 2 * len(self.columns)
+        in_flight = ((prefetch_factor + 1) * BUNDLE_BATCHES + 1) * tensors
+        self.ring = BatchRing.for_batches(workers, in_flight, RING_SLOT_BYTES)
+        return self.ring
 
     def _open(self, shard_range: ShardRange) -> Iterator[dict[str, Any]]:
         index, start, stop = shard_range
@@ -83,6 +117,45 @@ class ColumnDataset(ShardDataset):
         )
         for batch in batches:
             yield from _batch_records(batch, self.columns)
+
+
+class ColumnDataLoader(SyvainDataLoader):
+    """The DataLoader ``load(columns=)`` returns: its workers send bundles of tensor batches
+    (through a batch ring), which it hands out in the order of batches sent one by one."""
+
+    dataset: ColumnDataset
+
+    def __init__(
+        self, dataset: ColumnDataset, *, log_stats_every: float | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(
+            dataset, log_stats_every=log_stats_every, batch_size=None, collate_fn=as_is, **kwargs
+        )
+
+    def _batches(self) -> Iterator[Any]:
+        workers = self.num_workers
+        if workers and (self._iterator is None or not self.persistent_workers):
+            self.dataset.new_ring(workers, self.prefetch_factor or 2)  # new workers start
+        return _holding(in_turn(super()._batches(), max(workers, 1)), self.dataset.ring)
+
+
+def _holding(batches: Iterator[Any], ring: BatchRing | None) -> Iterator[Any]:
+    # ``ring`` stays referenced while its batches arrive.
+    yield from batches
+
+
+def _collated(
+    records: Iterator[Any], collate: TensorCollate, batch_size: int, drop_last: bool
+) -> Iterator[dict[str, Any]]:
+    while True:
+        batch = list(itertools.islice(records, batch_size))
+        if not batch or (drop_last and len(batch) < batch_size):
+            return
+        yield collate(batch)
+
+
+def _tensor_bytes(batch: Mapping[str, Any]) -> int:
+    return sum(v.nbytes for v in batch.values() if isinstance(v, torch.Tensor))
 
 
 def _batch_records(batch: Any, columns: Sequence[str]) -> Iterator[dict[str, Any]]:
@@ -153,9 +226,6 @@ class TensorCollate:
         self.pad_value = pad_value
 
     def __call__(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        return for_transfer(self._collate(records))  # type: ignore[no-any-return]
-
-    def _collate(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         batch: dict[str, Any] = {}
         for column in self.columns:
             try:

@@ -26,6 +26,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from syvain_training_data.loading import plan
+from syvain_training_data.loading.bundles import BUNDLE_BYTES, Bundle, as_is, bundled, in_turn
 from syvain_training_data.loading.dataloader import MAX_INTERRUPTS, STATE_VERSION, EpochLoader
 from syvain_training_data.loading.dataset import ShardDataset
 from syvain_training_data.loading.reader import ShardRange, consumer_records
@@ -37,13 +38,8 @@ from syvain_training_data.shard import iter_shard_batches
 __all__ = ["TokenDataLoader", "TokenDataset", "TokenPacker", "merge_token_states"]
 
 STATE_KIND = "tokens"
-# A worker sends its batches to the loader in bundles of about this many bytes: one DataLoader
-# item (request, pipe message, wake-ups) per bundle rather than per batch.
-BUNDLE_BYTES = 1 << 20
 # (batch, worker, records wholly consumed, tokens of the next record consumed)
 _Tagged = tuple[torch.Tensor, int, int, int]
-# (worker, whether it is the worker's last, its batches): one DataLoader item
-_Bundle = tuple[int, bool, list[_Tagged]]
 
 
 class _Run:
@@ -168,7 +164,7 @@ class TokenDataset(ShardDataset):
         text = f"{self.selection.fingerprint()}:{STATE_KIND}:{self.column}:{self.eos_id}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-    def __iter__(self) -> Iterator[_Bundle]:
+    def __iter__(self) -> Iterator[Bundle]:
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         epoch, interrupts = self.epoch, self.token_interrupts
@@ -176,7 +172,7 @@ class TokenDataset(ShardDataset):
         self.epoch, self.token_interrupts = epoch + 1, ()
         batches = self._batches(epoch, interrupts, worker, workers)
         send = functools.partial(for_transfer, ring=self.ring)
-        return map(send, _bundled(batches, worker, self.bundle))
+        return map(send, bundled(batches, worker, self.bundle))
 
     def _batches(
         self,
@@ -342,10 +338,6 @@ def _epoch_position(part: Sequence[tuple[int, int]], index: int) -> int:
     raise IndexError(index)
 
 
-def _as_is(batch: Any) -> Any:
-    return batch
-
-
 class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
     """The DataLoader ``load_tokens`` returns: int64 tensors of shape (batch, seq_len). Each
     pass is the next epoch; ``state_dict`` / ``load_state_dict`` resume exactly on any number of
@@ -361,7 +353,7 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
             dataset,
             log_stats_every=log_stats_every,
             batch_size=None,
-            collate_fn=_as_is,
+            collate_fn=as_is,
             **kwargs,
         )
 
@@ -447,50 +439,14 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
         self._iterator = None
 
 
-def _bundled(batches: Iterator[_Tagged], worker: int, size: int) -> Iterator[_Bundle]:
-    """A worker's batches in bundles of ``size``, the last (maybe empty) marked as such."""
-    bundle: list[_Tagged] = []
-    for tagged in batches:
-        bundle.append(tagged)
-        if len(bundle) == size:
-            yield worker, False, bundle
-            bundle = []
-    yield worker, True, bundle
-
-
-def _in_turn(bundles: Iterator[_Bundle], workers: int) -> Iterator[_Tagged]:
-    """The bundles' batches in the order a DataLoader hands out batches sent one by one: one
-    from each worker in turn, passing over workers that are done. So the stream, and where a
-    state resumes it, do not depend on the bundle size."""
-    queues: list[collections.deque[_Tagged]] = [collections.deque() for _ in range(workers)]
-    ended = [False] * workers
-    turn = 0
-    while True:
-        if queues[turn]:
-            yield queues[turn].popleft()
-        elif not ended[turn]:
-            bundle = next(bundles, None)
-            if bundle is None:  # every worker sends a last bundle; this is only a guard
-                ended = [True] * workers
-                continue
-            worker, last, batches = bundle
-            queues[worker].extend(batches)
-            ended[worker] = last
-            continue
-        live = [w for w in range(workers) if queues[w] or not ended[w]]
-        if not live:
-            return
-        turn = min(live, key=lambda w: (w - turn - 1) % workers)
-
-
 def _tracked(
-    batches: Iterator[_Bundle], progress: dict[str, Any], workers: int, ring: BatchRing | None
+    batches: Iterator[Bundle], progress: dict[str, Any], workers: int, ring: BatchRing | None
 ) -> Iterator[torch.Tensor]:
     # Positions are those of batches the training loop received: batches workers prefetched
     # but the loop never took are not consumed. ``ring`` is held while its batches arrive.
     positions = list(progress["positions"])
     progress["positions"] = positions
-    for batch, worker, whole, offset in _in_turn(batches, workers):
+    for batch, worker, whole, offset in in_turn(batches, workers):
         positions[worker] = (whole, offset)
         progress["turn"] = (worker + 1) % workers
         yield batch

@@ -5,13 +5,14 @@ and a mapping per tensor, a fixed cost that dominates for the batches of a train
 2048 tokens: 128 KiB). Two cheaper ways, measured in benchmarks/tokens_loader.py:
 
 - A :class:`BatchRing`, for a loader whose batches have a known largest size (``load_tokens``):
-  shared-memory slots the loader maps before it forks its workers. A worker builds a batch in
-  its next free slot (:meth:`BatchRing.reserve`), or copies it there, and sends a few bytes
-  through the DataLoader's pipe; the training process reads the batch in place, and the slot is
-  free again once that tensor and every view of it are gone (``_native.HeldSlot``). For 128 KiB
-  batches on 2 cores a bare DataLoader moved about 5,500 batches/s this way when the training
-  process still copied them out, against 2,700 by value and 1,300 through torch's shared
-  memory.
+  shared-memory slots the loader maps before it starts its workers (forked ones inherit the
+  mapping; spawned and forkserver ones map the same memory file on Linux). A worker builds a
+  batch in its next free slot (:meth:`BatchRing.reserve`), or copies it there, and sends a few
+  bytes through the DataLoader's pipe; the training process reads the batch in place, and the
+  slot is free again once that tensor and every view of it are gone (``_native.HeldSlot``).
+  For 128 KiB batches on 2 cores a bare DataLoader moved about 5,500 batches/s this way when
+  the training process still copied them out, against 2,700 by value and 1,300 through
+  torch's shared memory.
 - By value: up to BY_VALUE_BYTES a tensor is cheaper to copy through the pipe than torch's
   per-tensor shared memory (about 3x for 128 KiB, even near 1 MiB), so a worker wraps such
   tensors to be pickled as bytes.
@@ -25,7 +26,10 @@ import ctypes
 import itertools
 import math
 import mmap
+import multiprocessing.context
+import os
 import weakref
+from multiprocessing import reduction
 from typing import Any
 
 import torch
@@ -72,32 +76,45 @@ _ring_keys = itertools.count()
 
 class BatchRing:
     """Shared-memory slots of ``slot_bytes`` each, ``per_worker`` for each of ``workers``
-    forked DataLoader workers (see the module's text).
+    DataLoader workers (see the module's text).
 
-    Made in the training process before it forks the workers, which inherit the mapping.
-    Worker w uses its slots [w * per_worker, (w + 1) * per_worker) in turn, the order in which
-    the training process receives its batches; each slot's state (``_native.SlotStates``,
-    atomics) says whether it is free. A tensor travels by value instead when it is larger than
+    Made in the training process before it starts the workers: forked workers inherit the
+    mapping; spawned and forkserver workers (on Linux) get the memory's file descriptor with
+    the dataset that holds the ring and map it themselves. Worker w uses its slots
+    [w * per_worker, (w + 1) * per_worker) in turn, the order in which the training process
+    receives its batches; each slot's state (``_native.SlotStates``, atomics) says whether it
+    is free. A tensor travels by value instead when it is larger than
     a slot or not on the CPU, when its worker's next slot is still held (more batches in flight
-    than the ring holds, or kept by the training loop), or in a spawned worker (a ring pickles
-    as no ring): the ring never makes a worker wait. The ring must stay referenced while its
+    than the ring holds, or kept by the training loop), or when its worker got no ring (a ring
+    pickled other than while starting a worker is no ring, as is one spawned where there is no
+    memfd): the ring never makes a worker wait. The ring must stay referenced while its
     batches may arrive; the memory stays mapped while a batch read from it lives."""
 
     def __init__(self, workers: int, per_worker: int, slot_bytes: int) -> None:
+        self._layout(workers, per_worker, slot_bytes)
+        # Shared: forked workers inherit the mapping; spawned ones map the same memory file.
+        self._fd = _memory_file(self._size)
+        self._map(mmap.mmap(-1 if self._fd is None else self._fd, self._size))
+        if self._fd is not None:
+            weakref.finalize(self, os.close, self._fd)
+        self.key = next(_ring_keys)
+        _rings[self.key] = self
+
+    def _layout(self, workers: int, per_worker: int, slot_bytes: int) -> None:
         self.workers = workers
         self.per_worker = per_worker
         self.slot_bytes = -(-slot_bytes // _ALIGN) * _ALIGN
         slots = workers * per_worker
         self._header = -(-4 * slots // _ALIGN) * _ALIGN
-        # Anonymous and shared: forked workers write the same pages.
-        self._memory = mmap.mmap(-1, self._header + slots * self.slot_bytes)
-        self._states = _native.SlotStates(self._memory, slots)
-        self._bytes = torch.frombuffer(self._memory, dtype=torch.uint8)
-        self._turns = [0] * workers
+        self._size = self._header + slots * self.slot_bytes
+
+    def _map(self, memory: mmap.mmap) -> None:
+        self._memory = memory
+        self._states = _native.SlotStates(memory, self.workers * self.per_worker)
+        self._bytes = torch.frombuffer(memory, dtype=torch.uint8)
+        self._turns = [0] * self.workers
         # In a worker: its slots reserved for a tensor not yet put (a weak reference to it).
         self._reserved: dict[int, weakref.ReferenceType[torch.Tensor]] = {}
-        self.key = next(_ring_keys)
-        _rings[self.key] = self
 
     @classmethod
     def for_batches(cls, workers: int, in_flight: int, batch_bytes: int) -> BatchRing | None:
@@ -114,7 +131,12 @@ class BatchRing:
         return cls(workers, per_worker, slot_bytes)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_no_ring, ())
+        # Only a worker being spawned gets the memory (its file descriptor goes with the
+        # process); any other copy is no ring, and its batches go by value.
+        if self._fd is None or multiprocessing.context.get_spawning_popen() is None:
+            return (_no_ring, ())
+        layout = (self.workers, self.per_worker, self.slot_bytes)
+        return (_attach, (reduction.DupFd(self._fd), *layout, self.key))
 
     def reserve(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor | None:
         """In a worker: a tensor of ``shape`` in this worker's next free slot, for a batch to be
@@ -172,6 +194,33 @@ class BatchRing:
 
 def _no_ring() -> None:
     return None
+
+
+def _memory_file(size: int) -> int | None:
+    """A file descriptor of ``size`` bytes of memory (Linux's memfd), or None where there is
+    none (the ring is then an anonymous mapping that only forked workers share)."""
+    if not hasattr(os, "memfd_create"):
+        return None
+    fd = os.memfd_create("syvain-batch-ring", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, size)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _attach(fd: Any, workers: int, per_worker: int, slot_bytes: int, key: int) -> BatchRing:
+    """In a spawned worker: the ring whose memory file ``fd`` (a ``DupFd``) is."""
+    ring = BatchRing.__new__(BatchRing)
+    ring._layout(workers, per_worker, slot_bytes)
+    descriptor = fd.detach()
+    try:
+        ring._map(mmap.mmap(descriptor, ring._size))
+    finally:
+        os.close(descriptor)
+    ring._fd, ring.key = None, key
+    return ring
 
 
 class _InSlot:
