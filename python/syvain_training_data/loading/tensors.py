@@ -22,7 +22,7 @@ from torch.utils.data import get_worker_info
 
 from syvain_training_data import _native
 from syvain_training_data._native import ShardBatch
-from syvain_training_data.loading.bundles import Bundle, as_is, bundled, in_turn
+from syvain_training_data.loading.bundles import BUNDLE_BATCHES, Bundle, as_is, bundled, in_turn
 from syvain_training_data.loading.dataloader import SyvainDataLoader
 from syvain_training_data.loading.dataset import ShardDataset
 from syvain_training_data.loading.reader import ShardRange
@@ -31,11 +31,10 @@ from syvain_training_data.shard import iter_shard_batches
 
 __all__ = ["ColumnDataLoader", "ColumnDataset", "TensorCollate", "int_lists", "lengths_key"]
 
-# A worker sends at most this many batches in one bundle (fewer once they reach BUNDLE_BYTES).
-BUNDLE_BATCHES = 8
 # Slots of a column loader's batch ring: a batch tensor up to this size travels through it (a
-# larger one by value or through torch's shared memory). Only the pages batches write are used.
-RING_SLOT_BYTES = 1 << 20
+# larger one through torch's shared memory, as fast as the pipe from about this size on). Only
+# the pages batches write are used.
+RING_SLOT_BYTES = 512 << 10
 
 
 def int_lists(batch: Any, column: str) -> tuple[torch.Tensor, torch.Tensor]:

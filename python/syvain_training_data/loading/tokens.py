@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import bisect
 import collections
-import functools
 import hashlib
 import time
 from collections.abc import Iterator, Sequence
@@ -26,13 +25,20 @@ import torch
 from torch.utils.data import get_worker_info
 
 from syvain_training_data.loading import plan
-from syvain_training_data.loading.bundles import BUNDLE_BYTES, Bundle, as_is, bundled, in_turn
+from syvain_training_data.loading.bundles import (
+    BUNDLE_BATCHES,
+    BUNDLE_BYTES,
+    Bundle,
+    as_is,
+    bundled,
+    in_turn,
+)
 from syvain_training_data.loading.dataloader import MAX_INTERRUPTS, STATE_VERSION, EpochLoader
 from syvain_training_data.loading.dataset import ShardDataset
 from syvain_training_data.loading.reader import ShardRange, consumer_records
 from syvain_training_data.loading.stats import PUBLISH_MASK
 from syvain_training_data.loading.tensors import int_lists
-from syvain_training_data.loading.transfer import BatchRing, for_transfer
+from syvain_training_data.loading.transfer import BatchRing, tensor_for_transfer
 from syvain_training_data.shard import iter_shard_batches
 
 __all__ = ["TokenDataLoader", "TokenDataset", "TokenPacker", "merge_token_states"]
@@ -171,8 +177,8 @@ class TokenDataset(ShardDataset):
         # A persistent worker's copy advances one epoch per pass, like the loader.
         self.epoch, self.token_interrupts = epoch + 1, ()
         batches = self._batches(epoch, interrupts, worker, workers)
-        send = functools.partial(for_transfer, ring=self.ring)
-        return map(send, bundled(batches, worker, self.bundle))
+        bundles = bundled(batches, worker, self.bundle)
+        return bundles if info is None else _sent(bundles, self.ring)
 
     def _batches(
         self,
@@ -257,6 +263,13 @@ class TokenDataset(ShardDataset):
                 f"The token column {self.column!r} of shard {uri} is not a list of int token "
                 f"ids in every record ({error})"
             ) from None
+
+
+def _sent(bundles: Iterator[Bundle], ring: BatchRing | None) -> Iterator[Bundle]:
+    """In a worker: each bundle's batches ready to leave it (through ``ring`` when they fit)."""
+    for worker, last, batches in bundles:
+        sent = [(tensor_for_transfer(b, ring), *tags) for b, *tags in batches]
+        yield worker, last, sent
 
 
 def _pack_run(
@@ -364,7 +377,7 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
         if self.num_workers and (self._iterator is None or not self.persistent_workers):
             # New workers fork from here: a ring of their own.
             batch_bytes = self.dataset.batch_size * self.dataset.seq_len * torch.int64.itemsize
-            self.dataset.bundle = max(1, BUNDLE_BYTES // batch_bytes)
+            self.dataset.bundle = max(1, min(BUNDLE_BATCHES, BUNDLE_BYTES // batch_bytes))
             # A worker's slots: the bundles the DataLoader prefetches, the one the loader is
             # handing out and the batch the training loop holds (slots are read in place).
             bundle = self.dataset.bundle

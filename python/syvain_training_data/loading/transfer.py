@@ -37,7 +37,7 @@ from torch.utils.data import get_worker_info
 
 from syvain_training_data import _native
 
-__all__ = ["BY_VALUE_BYTES", "BatchRing", "for_transfer"]
+__all__ = ["BY_VALUE_BYTES", "BatchRing", "for_transfer", "tensor_for_transfer"]
 
 BY_VALUE_BYTES = 512 << 10
 # A ring never maps more than this (batches that find no slot go by value).
@@ -251,13 +251,19 @@ def for_transfer(batch: Any, ring: BatchRing | None = None) -> Any:
     return _wrap(batch, ring)
 
 
+def tensor_for_transfer(tensor: torch.Tensor, ring: BatchRing | None) -> Any:
+    """In a DataLoader worker: ``tensor`` ready to leave it (:func:`for_transfer` of one
+    tensor, for a caller that knows its batch's structure)."""
+    slotted = ring.put(tensor) if ring is not None else None
+    if slotted is not None:
+        return slotted
+    small = tensor.device.type == "cpu" and tensor.nbytes <= BY_VALUE_BYTES
+    return _ByValue(tensor) if small and not tensor.is_sparse else tensor
+
+
 def _wrap(value: Any, ring: BatchRing | None) -> Any:
     if isinstance(value, torch.Tensor):
-        slotted = ring.put(value) if ring is not None else None
-        if slotted is not None:
-            return slotted
-        small = value.device.type == "cpu" and value.nbytes <= BY_VALUE_BYTES
-        return _ByValue(value) if small and not value.is_sparse else value
+        return tensor_for_transfer(value, ring)
     if isinstance(value, dict):
         return {key: _wrap(item, ring) for key, item in value.items()}
     if isinstance(value, tuple | list):
