@@ -8,10 +8,10 @@ the local directory store. Cases, each at 0 and 2 DataLoader workers (fork), bes
   tensor (``torch.tensor``) - the record path.
 - ``load_tokens``: packed (batch, seq_len) int64 blocks.
 - ``columns``: ``load(columns=["tokens"])``, padded tensors built in the worker.
-- ``load_tokens steady`` (2 workers only): one loader with persistent workers, timed from its
-  second pass on: the rate of a long run, without the workers' start (fork, first shard opens)
-  that weighs on a pass of a few tens of milliseconds.
-- ``columns steady`` (2 workers only): ``columns`` with persistent workers, likewise.
+- ``load_tokens steady``: one loader (with persistent workers), timed from its second pass on:
+  the rate of a long run, without the workers' start (fork, first shard opens) that weighs on
+  a pass of a few tens of milliseconds. The 2-worker target compares steady with steady.
+- ``columns steady``: ``columns`` likewise.
 - ``two processes`` (2 workers only): the ceiling of 2 workers on this machine, two processes
   each running ``load_tokens`` at 0 workers over half the records (rank r of 2), started
   together, no DataLoader between them, timed from their second pass; the rate is both halves'
@@ -79,6 +79,12 @@ def timed(make_batches: Any, count_tokens: Any, repeat: int) -> tuple[float, int
     return best, tokens
 
 
+def steady_rate(loader: Any, count_tokens: Any, repeat: int) -> tuple[float, int]:
+    """``timed`` passes of one loader after an untimed first one (workers start, shards open)."""
+    sum(1 for _ in loader)
+    return timed(lambda: loader, count_tokens, repeat)
+
+
 def ours(uri: str, workers: int, repeat: int) -> dict[str, tuple[float, int]]:
     client = SyvainTrainingData()
     args: dict[str, Any] = {"batch_size": BATCH, "num_workers": workers}
@@ -89,21 +95,20 @@ def ours(uri: str, workers: int, repeat: int) -> dict[str, tuple[float, int]]:
     tensor_loader = client.split_data_loader(uri, None, records_args)
     token_loader = client.split_data_loader(uri, None, args)
     cases: dict[str, tuple[float, int]] = {}
+    # One loader over several passes (with persistent workers).
+    steady_args = dict(args, persistent_workers=True) if workers else args
+    steady_records = dict(records_args, persistent_workers=True) if workers else records_args
+    cases["load_tokens steady"] = steady_rate(
+        client.split_data_loader(uri, None, steady_args).load_tokens("train", seq_len=SEQ_LEN),
+        torch.numel,
+        repeat,
+    )
+    cases["columns steady"] = steady_rate(
+        client.split_data_loader(uri, None, steady_records).load("train", columns=["tokens"]),
+        lambda b: int(b["tokens_lengths"].sum()),
+        repeat,
+    )
     if workers:
-        persistent = client.split_data_loader(uri, None, dict(args, persistent_workers=True))
-        steady = persistent.load_tokens("train", seq_len=SEQ_LEN)
-        sum(batch.numel() for batch in steady)  # starts the workers
-        cases["load_tokens steady"] = timed(lambda: steady, torch.numel, repeat)
-        del steady
-        persistent = client.split_data_loader(
-            uri, None, dict(records_args, persistent_workers=True)
-        )
-        steady_columns = persistent.load("train", columns=["tokens"])
-        sum(1 for _ in steady_columns)
-        cases["columns steady"] = timed(
-            lambda: steady_columns, lambda b: int(b["tokens_lengths"].sum()), repeat
-        )
-        del steady_columns
         cases["two processes"] = two_processes(uri, repeat)
     return cases | {
         "dict": timed(lambda: dict_loader.load("train"), len, repeat),
@@ -314,15 +319,13 @@ def main() -> None:
     ratios["load_tokens 2 workers/0 workers"] = round(
         summary["load_tokens@2"] / summary["load_tokens@0"], 2
     )
-    ratios["load_tokens steady 2 workers/0 workers"] = round(
-        summary["load_tokens steady@2"] / summary["load_tokens@0"], 2
-    )
-    ratios["columns steady 2 workers/0 workers"] = round(
-        summary["columns steady@2"] / summary["columns@0"], 2
-    )
+    for case in ("load_tokens steady", "columns steady"):
+        ratios[f"{case} 2 workers/0 workers"] = round(
+            summary[f"{case}@2"] / summary[f"{case}@0"], 2
+        )
     # What 2 workers could gain here at most, and how much of it load_tokens gets.
-    ratios["two processes/load_tokens@0"] = round(
-        summary["two processes@2"] / summary["load_tokens@0"], 2
+    ratios["two processes/load_tokens steady@0"] = round(
+        summary["two processes@2"] / summary["load_tokens steady@0"], 2
     )
     ratios["load_tokens steady@2/two processes"] = round(
         summary["load_tokens steady@2"] / summary["two processes@2"], 2
