@@ -68,6 +68,17 @@ class EpochLoader[InterruptT](DataLoader[Any]):
         self._workers_next = (epoch + 1, ())
         return epoch, interrupts
 
+    def _starts_workers(self) -> bool:
+        """Whether this pass (after :meth:`_begin_pass`) starts new workers: a ring made now
+        reaches them."""
+        return bool(self.num_workers) and (self._iterator is None or not self.persistent_workers)
+
+    def _batches_in_flight(self, bundle: int) -> int:
+        """Batches of one worker in flight at most when it sends ``bundle`` per DataLoader
+        item: the bundles the DataLoader prefetches, the one the loader is handing out, and
+        the batch the training loop holds (a ring's slots are read in place)."""
+        return ((self.prefetch_factor or 2) + 1) * bundle + 1
+
     def stats(self) -> LoaderStats:
         """Counters since this loader was created, summed over the main process and the
         workers (see :class:`~syvain_training_data.loading.stats.LoaderStats`)."""

@@ -94,13 +94,11 @@ class ColumnDataset(ShardDataset):
         send = functools.partial(for_transfer, ring=self.ring)
         return map(send, bundled(batches, worker, size, _tensor_bytes))
 
-    def new_ring(self, workers: int, prefetch_factor: int) -> BatchRing | None:
-        """A batch ring for workers about to start, kept for them: slots for the tensors (at
-        most two per column) of the bundles each worker has in flight, the one the loader is
-        handing out and the batch the training loop holds."""
+    def new_ring(self, workers: int, batches_in_flight: int) -> BatchRing | None:
+        """A batch ring for workers about to start, kept for them: a slot for each tensor (at
+        most two per column) of the batches each worker may have in flight."""
         tensors = 2 * len(self.columns)
-        in_flight = ((prefetch_factor + 1) * BUNDLE_BATCHES + 1) * tensors
-        self.ring = BatchRing.for_batches(workers, in_flight, RING_SLOT_BYTES)
+        self.ring = BatchRing.for_batches(workers, batches_in_flight * tensors, RING_SLOT_BYTES)
         return self.ring
 
     def _open(self, shard_range: ShardRange) -> Iterator[dict[str, Any]]:
@@ -133,8 +131,8 @@ class ColumnDataLoader(SyvainDataLoader):
 
     def _batches(self) -> Iterator[Any]:
         workers = self.num_workers
-        if workers and (self._iterator is None or not self.persistent_workers):
-            self.dataset.new_ring(workers, self.prefetch_factor or 2)  # new workers start
+        if self._starts_workers():
+            self.dataset.new_ring(workers, self._batches_in_flight(BUNDLE_BATCHES))
         return _holding(in_turn(super()._batches(), max(workers, 1)), self.dataset.ring)
 
 

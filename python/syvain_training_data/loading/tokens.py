@@ -374,14 +374,10 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
         started = time.perf_counter()
         epoch, interrupts = self._begin_pass()
         self.dataset.token_interrupts = interrupts
-        if self.num_workers and (self._iterator is None or not self.persistent_workers):
-            # New workers fork from here: a ring of their own.
+        if self._starts_workers():  # a ring of their own
             batch_bytes = self.dataset.batch_size * self.dataset.seq_len * torch.int64.itemsize
             self.dataset.bundle = max(1, min(BUNDLE_BATCHES, BUNDLE_BYTES // batch_bytes))
-            # A worker's slots: the bundles the DataLoader prefetches, the one the loader is
-            # handing out and the batch the training loop holds (slots are read in place).
-            bundle = self.dataset.bundle
-            in_flight = ((self.prefetch_factor or 2) + 1) * bundle + 1
+            in_flight = self._batches_in_flight(self.dataset.bundle)
             self.dataset.ring = BatchRing.for_batches(self.num_workers, in_flight, batch_bytes)
         workers = self._topology.workers
         progress: dict[str, Any] = {
