@@ -297,9 +297,10 @@ def test_shuffle_is_deterministic_per_seed_and_epoch(local_dataset):
 )
 def test_start_methods_with_persistent_workers(request, store, context, monkeypatch):
     client, uri = request.getfixturevalue(f"{store}_dataset")
-    if store == "s3":  # spawned workers take the secret from their environment, not the pickle
-        for name, value in request.getfixturevalue("seaweed").env().items():
-            monkeypatch.setenv(name, value)
+    # Spawned workers get the explicit secret through multiprocessing's pickler, not from an
+    # environment (SPEC section 5): none is set here.
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
     args = {
         "num_workers": 2,
         "batch_size": 4,

@@ -18,7 +18,11 @@ from ray import cloudpickle
 from ray.exceptions import RayError
 
 from syvain_training_data import DatasetSaver, iter_shard
-from syvain_training_data.manifest import canonical_manifest_bytes, parse_manifest
+from syvain_training_data.manifest import (
+    canonical_manifest_bytes,
+    parse_manifest,
+    validate_manifest,
+)
 from syvain_training_data.ray import SyvainDatasink, SyvainDatasource, read_dataset
 from syvain_training_data.storage import StorageConfig, get_object, list_objects, put_object
 
@@ -312,6 +316,63 @@ def test_pickles_sent_to_workers_hold_no_secret(
     for path in Path(ray_cluster).rglob("*"):
         if path.is_file():
             assert secret not in path.read_bytes(), path
+
+
+def test_an_explicit_secret_the_workers_lack_fails_in_the_driver(
+    ray_cluster, seaweed, s3_config, s3_bucket, unique_prefix, tmp_path
+):
+    """Ray's pickles hold no secret, so workers need it in their environment; where they lack it
+    (here they hold another access key's), the driver says so before any read or write task."""
+    secret = "another-secret-value-0123456789"
+    config = StorageConfig.create(
+        s3_base_url=seaweed.endpoint,
+        region=seaweed.region,
+        access_key_id="SYVAINOTHERKEY",
+        secret_access_key=secret,
+    )
+    uri = f"s3://{s3_bucket}/{unique_prefix}/derived/data-manifest.json"
+    for build in (
+        # Raised before the manifest is read (that GET would be a PermissionError).
+        lambda: read_dataset(uri, "train", storage_config=config),
+        lambda: SyvainDatasource(uri, "train", storage_config=config),
+        lambda: SyvainDatasink(uri, split="train", storage_config=config),
+    ):
+        with pytest.raises(
+            ValueError,
+            match=r"Ray workers of 1 of 1 node\(s\) have no secret access key for access key id "
+            r"'SYVAINOTHERKEY'.*AWS_SECRET_ACCESS_KEY.*picklable_secret=True",
+        ) as info:
+            build()
+        assert secret not in str(info.value)
+    # Built before Ray runs, they have no workers to ask yet: they ask when Ray Data plans their
+    # tasks. (A local manifest naming s3:// shards reads them with the config's credentials.)
+    local = f"file://{tmp_path}/mixed/data-manifest.json"
+    shard = {
+        "uri": f"s3://{s3_bucket}/{unique_prefix}/x.msgpack.zstf",
+        "records": 1,
+        "size_bytes": 1,
+    }
+    manifest = {
+        "version": 1,
+        "data_format": "msgpack.zstf",
+        "splits": {"train": {"records": 1, "shards": [shard]}},
+    }
+    put_object(local, canonical_manifest_bytes(validate_manifest(manifest)))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ray, "is_initialized", lambda: False)
+        source = SyvainDatasource(local, "train", storage_config=config, allow_mixed_schemes=True)
+        sink = SyvainDatasink(uri, split="train", storage_config=config)
+    with pytest.raises(ValueError, match="have no secret access key"):
+        ray.data.read_datasource(source).take_all()
+    with pytest.raises(ValueError, match="have no secret access key"):
+        ray.data.from_items([{"id": 1}]).write_datasink(sink)
+    assert list_objects(uri.rsplit("/", 1)[0], storage_config=s3_config) == []
+    # Opted in, the secret travels in the pickle: nothing to ask the workers.
+    SyvainDatasink(
+        uri, split="train", storage_config=config.model_copy(update={"picklable_secret": True})
+    )
+    # The session's own key is in the workers' environment: the question passes.
+    SyvainDatasink(uri, split="train", storage_config=s3_config)
 
 
 def test_without_ray_the_import_names_the_extra():

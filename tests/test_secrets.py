@@ -1,12 +1,19 @@
-"""Secrets do not travel in pickles (savers go to worker processes and Ray tasks, whose object
-store may spill them to disk) unless the user opts in, workers authenticate from their own
-environment, and a secret of the wrong type is not echoed in validation errors."""
+"""Secrets travel to worker processes through multiprocessing's own pickler (process start,
+pool queues, DataLoader workers), so explicit credentials work under fork, spawn and forkserver
+with no AWS_* variables; they do not travel in plain pickles or cloudpickles (Ray tasks, whose
+object store may spill them to disk) unless the user opts in, and such copies authenticate from
+their own environment; a secret of the wrong type is not echoed in validation errors."""
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
+import re
 from concurrent.futures import ProcessPoolExecutor
+from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -14,6 +21,63 @@ from pydantic import ValidationError
 from syvain_training_data import SyvainTrainingData
 from syvain_training_data.shard import iter_shard
 from syvain_training_data.storage import StorageConfig, native_storage
+
+START_METHODS = ["fork", "spawn", "forkserver"]
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+class SubclassedConfig(StorageConfig):
+    pass
+
+
+def cloudpickle_dumps() -> Any:
+    """``cloudpickle.dumps`` (Ray's copy if cloudpickle itself is not installed), or None."""
+    try:
+        import cloudpickle
+    except ModuleNotFoundError:
+        try:
+            from ray import cloudpickle
+        except ModuleNotFoundError:
+            return None
+    return cloudpickle.dumps
+
+
+def explicit_client(seaweed) -> SyvainTrainingData:
+    return SyvainTrainingData(
+        s3_base_url=seaweed.endpoint,
+        region=seaweed.region,
+        access_key_id=seaweed.access_key_id,
+        secret_access_key=seaweed.secret_access_key,
+    )
+
+
+def remove_aws_environment(monkeypatch) -> None:
+    """No AWS_* variable in this process, so none in its fork and spawn children either."""
+    for name in [name for name in os.environ if name.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+
+
+def forking_dumps(value: Any, protocol: int | None = None) -> bytes:
+    """What multiprocessing sends to a worker for ``value``."""
+    return bytes(ForkingPickler.dumps(value, protocol))
+
+
+CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+FORKSERVER_NOTE = (
+    "a forkserver's children inherit the environment it started with: an earlier test "
+    "started it with AWS credentials in its environment"
+)
+
+
+def _credential_variables() -> list[str]:
+    """The credential variables this process has (an unpickled config could fall back on)."""
+    return [name for name in CREDENTIAL_VARIABLES if name in os.environ]
+
+
+def worker_credential_variables(method: str) -> list[str]:
+    context = multiprocessing.get_context(method)
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(_credential_variables).result()
 
 
 @pytest.fixture
@@ -32,14 +96,37 @@ def test_pickles_of_clients_configs_and_savers_hold_no_secret(aws_env, s3_bucket
         access_key_id=aws_env["AWS_ACCESS_KEY_ID"],
         secret_access_key=aws_env["AWS_SECRET_ACCESS_KEY"],
     )
+    cloudpickled = cloudpickle_dumps()
     for client in (SyvainTrainingData.from_env(), explicit):
         saver = client.dataset_saver(f"s3://{s3_bucket}/{unique_prefix}/m.json")
         for value in (client, client.storage_config, saver):
-            for protocol in range(2, pickle.HIGHEST_PROTOCOL + 1):
+            for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
                 assert secret not in pickle.dumps(value, protocol=protocol)
+            if cloudpickled is not None:
+                assert secret not in cloudpickled(value)
         # Unpickled here, the secret comes back from the environment: the same config.
         assert pickle.loads(pickle.dumps(client.storage_config)) == client.storage_config
         assert pickle.loads(pickle.dumps(saver)).storage_config == saver.storage_config
+
+
+def test_multiprocessing_pickles_carry_the_secret(seaweed, s3_bucket, unique_prefix, monkeypatch):
+    remove_aws_environment(monkeypatch)
+    secret = seaweed.secret_access_key.encode()
+    client = explicit_client(seaweed)
+    saver = client.dataset_saver(f"s3://{s3_bucket}/{unique_prefix}/m.json")
+    for value in (client, client.storage_config, saver):
+        assert secret in forking_dumps(value)
+        for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+            assert secret in forking_dumps(value, protocol=protocol)
+    copy = ForkingPickler.loads(forking_dumps(saver))
+    assert copy.storage_config == saver.storage_config
+    assert copy.storage_config.secret_access_key is not None
+    native_storage(copy.storage_config)  # no "was not pickled" error
+    # What a worker got from multiprocessing and pickles again with plain pickle holds no secret.
+    assert secret not in pickle.dumps(copy)
+    # ForkingPickler dispatches by exact type: subclasses are registered too.
+    config = SubclassedConfig(**dict(client.storage_config))
+    assert secret in forking_dumps(config) and secret not in pickle.dumps(config)
 
 
 def test_picklable_secret_is_an_explicit_opt_in(aws_env):
@@ -63,20 +150,37 @@ def test_an_unpickled_config_without_its_secret_fails_clearly(aws_env, monkeypat
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "ANOTHERKEY")
     with pytest.raises(ValueError, match="was not pickled"):
         native_storage(pickle.loads(data))
+    # A config unpickled without its secret stays without it through multiprocessing's pickler,
+    # and the next process looks in its own environment again.
+    withheld = pickle.loads(data)
+    assert secret_bytes(aws_env) not in forking_dumps(withheld)
+    with pytest.raises(ValueError, match="was not pickled"):
+        native_storage(ForkingPickler.loads(forking_dumps(withheld)))
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, aws_env[name])
+    assert ForkingPickler.loads(forking_dumps(withheld)) == config
+    assert pickle.loads(pickle.dumps(withheld)) == config
 
 
-def _save_in_worker(saver, part: int):
+def secret_bytes(env: dict[str, str]) -> bytes:
+    return env["AWS_SECRET_ACCESS_KEY"].encode()
+
+
+def _save_pickled_in_worker(pickled: bytes, part: int):
+    saver = pickle.loads(pickled)
     return saver.save("train", None, [{"id": part, "text": "x"}], shard_id=f"p{part}")
 
 
-def test_spawned_workers_authenticate_from_their_environment(aws_env, s3_bucket, unique_prefix):
+def test_plain_pickles_authenticate_from_the_workers_environment(aws_env, s3_bucket, unique_prefix):
     client = SyvainTrainingData.from_env()
     saver = client.dataset_saver(
         f"s3://{s3_bucket}/{unique_prefix}/data-manifest.json", data_format="msgpack.zstf"
     )
+    pickled = pickle.dumps(saver)  # no secret: each spawned worker takes it from its environment
+    assert secret_bytes(aws_env) not in pickled
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=2, mp_context=context) as pool:
-        shards = list(pool.map(_save_in_worker, [saver, saver], [0, 1]))
+        shards = list(pool.map(_save_pickled_in_worker, [pickled, pickled], [0, 1]))
     manifest = saver.commit_manifest()
     assert manifest.splits["train"].shards == sorted(shards, key=lambda shard: shard.uri)
     rows = [
@@ -85,6 +189,73 @@ def test_spawned_workers_authenticate_from_their_environment(aws_env, s3_bucket,
         for row in iter_shard("msgpack.zstf", shard, storage_config=client.storage_config)
     ]
     assert sorted(row["id"] for row in rows) == [0, 1]
+
+
+def readme_block(marker: str) -> str:
+    blocks = re.findall(r"^```python\n(.*?)^```", README.read_text(encoding="utf-8"), re.S | re.M)
+    [block] = [block for block in blocks if marker in block]
+    return block
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_readme_process_pool_example_with_explicit_credentials(seaweed, monkeypatch, method):
+    """The README's example verbatim but for its start method: the workers save with the
+    explicit credentials and no AWS_* variables, the parent commits, the manifest loads."""
+    code = readme_block("ProcessPoolExecutor(")
+    spawn = 'multiprocessing.get_context("spawn")'
+    assert code.count(spawn) == 1
+    code = code.replace(spawn, f'multiprocessing.get_context("{method}")')
+    remove_aws_environment(monkeypatch)
+    # What the example reads, then removes, from the environment.
+    monkeypatch.setenv("AWS_ENDPOINT_URL", seaweed.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", seaweed.access_key_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", seaweed.secret_access_key)
+    namespace: dict[str, Any] = {"__name__": "__readme__"}
+    exec(compile(code, f"README.md process-pool example ({method})", "exec"), namespace)
+    assert _credential_variables() == []  # the example took them out
+    if method == "forkserver":  # fork and spawn children copy this process's environment
+        assert worker_credential_variables(method) == [], FORKSERVER_NOTE
+    shards, manifest, saver = namespace["shards"], namespace["manifest"], namespace["saver"]
+    assert len(shards) == 4  # every job saved in a worker
+    client = explicit_client(seaweed)
+    assert client.load_manifest(saver.manifest_uri) == manifest
+    ids = [
+        record["id"]
+        for split in manifest.splits.values()
+        for shard in split.shards
+        for record in iter_shard("msgpack.zstf", shard, storage_config=client.storage_config)
+    ]
+    assert sorted(ids) == sorted(f"{part}-{i}" for part in range(4) for i in range(100))
+
+
+def _ids_and_worker_credentials(batch: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    return [record["id"] for record in batch], _credential_variables()
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_loader_workers_read_with_explicit_credentials(
+    seaweed, s3_bucket, unique_prefix, monkeypatch, method
+):
+    pytest.importorskip("torch")
+    remove_aws_environment(monkeypatch)
+    client = explicit_client(seaweed)
+    uri = f"s3://{s3_bucket}/{unique_prefix}/data-manifest.json"
+    saver = client.dataset_saver(uri, data_format="msgpack.zstf")
+    for part in range(3):
+        records = [{"id": f"{part}-{i}"} for i in range(5)]
+        saver.save("train", None, records, shard_id=f"part-{part}")
+    saver.commit_manifest()
+    args = {"num_workers": 2, "batch_size": 4, "multiprocessing_context": method}
+    loader = client.split_data_loader(uri, _ids_and_worker_credentials, args).load("train")
+    secret = seaweed.secret_access_key.encode()
+    assert secret not in pickle.dumps(loader.dataset)
+    assert secret in forking_dumps(loader.dataset)  # how spawn/forkserver workers get it
+    ids: list[str] = []
+    for batch_ids, worker_credentials in loader:
+        # Nothing to fall back on in the worker: the secret came with the dataset.
+        assert worker_credentials == [], FORKSERVER_NOTE
+        ids.extend(batch_ids)
+    assert sorted(ids) == sorted(f"{part}-{i}" for part in range(3) for i in range(5))
 
 
 @pytest.mark.parametrize(

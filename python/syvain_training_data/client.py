@@ -30,9 +30,11 @@ class SyvainTrainingData:
 
     ``SyvainTrainingData()`` with no arguments works with the local directory store only.
     Raises ValueError at once for an invalid ``s3_base_url``. The secret never appears in the
-    client's ``repr``, in logs or in error messages, and is not pickled with the client, its
-    savers or datasets unless ``picklable_secret=True``: an unpickled copy takes it again from
-    its process's ``AWS_SECRET_ACCESS_KEY`` (see
+    client's ``repr``, in logs or in error messages. Savers and datasets reach
+    ``ProcessPoolExecutor`` and DataLoader workers with it (multiprocessing's own pickler carries
+    it, under fork, spawn and forkserver), but a plain pickle or cloudpickle (Ray) of the client,
+    its savers or datasets holds no secret unless ``picklable_secret=True``: such a copy takes it
+    again from its process's ``AWS_SECRET_ACCESS_KEY`` (see
     :class:`~syvain_training_data.storage.StorageConfig`).
     """
 

@@ -12,10 +12,15 @@ module raises ModuleNotFoundError naming the extra and the install command.
   get the same rows in the same places reuses the shards an interrupted run completed, and rows
   that differ get another ID instead of a finished shard that holds other records.
 
-Secrets: the datasource and the sink reach Ray workers as pickles, which hold no secret unless
-the ``StorageConfig`` was built with ``picklable_secret=True``; otherwise each worker takes it
-from its own ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (the node's environment, or
-``ray.init(runtime_env={"env_vars": ...})``; see README "Deriving a dataset on Ray").
+Secrets: the datasource and the sink reach Ray workers as cloudpickles, which hold no secret
+(Ray keeps them in its object store, which may spill to disk) unless the ``StorageConfig`` was
+built with ``picklable_secret=True``; otherwise each worker takes it from its own
+``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``: the environment of its node's ``ray start``
+(a local cluster started by ``ray.init()`` inherits the driver's). With an explicit secret that
+is not picklable, the datasource and the sink first ask one task per node whether its workers
+have the secret of that access key (when constructed on a running Ray, and again when Ray Data
+plans their tasks), and raise ValueError in the driver, before any read or write task, if one
+does not (see README "Deriving a dataset on Ray").
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ try:
     from ray.data.block import Block, BlockAccessor, BlockMetadata
     from ray.data.context import DataContext
     from ray.data.datasource import Datasink, Datasource, ReadTask, WriteResult
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 except ModuleNotFoundError as error:  # pragma: no cover - exercised without the extra
     raise ModuleNotFoundError(
         "syvain_training_data.ray needs Ray Data, the 'ray' extra: "
@@ -44,13 +50,14 @@ from syvain_training_data.manifest import DataManifest, DataManifestDataFormat, 
 from syvain_training_data.manifest import parse_manifest as _parse_manifest
 from syvain_training_data.publish import DatasetSaver, encode_segment
 from syvain_training_data.shard import iter_shard
-from syvain_training_data.storage import StorageConfig, get_object
+from syvain_training_data.storage import StorageConfig, _secret_from_environment, get_object
 from syvain_training_data.uris import check_shard_scheme
 
 __all__ = [
     "SyvainDatasink",
     "SyvainDatasource",
     "WriteSummary",
+    "check_workers_have_secret",
     "read_dataset",
     "records_to_block",
 ]
@@ -76,6 +83,58 @@ def records_to_block(records: list[Mapping[str, Any]]) -> pa.Table:
         return pa.Table.from_struct_array(pa.array(records))
     # One array per column: about ten times faster than inferring one struct array.
     return pa.table({key: pa.array([record.get(key) for record in records]) for key in keys})
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def _workers_have_secret(access_key_id: str | None) -> bool:
+    """On a worker: whether its environment pairs ``access_key_id`` with a secret (the answer
+    is a bool; the secret never leaves the worker)."""
+    return _secret_from_environment(access_key_id) is not None
+
+
+# (job, node, access key id) whose workers were found to have the secret.
+_NODES_WITH_SECRET: set[tuple[str, str, str | None]] = set()
+
+
+def check_workers_have_secret(storage_config: StorageConfig, uris: Iterable[str]) -> None:
+    """Raises ValueError, in the driver and before any read or write task, when a config with an
+    explicit secret that is not picklable would reach Ray workers that cannot authenticate:
+    a node whose workers' ``AWS_ACCESS_KEY_ID`` does not name the config's access key or that
+    have no ``AWS_SECRET_ACCESS_KEY``. Asks one task per alive node (a yes is cached for the
+    job). Nothing to ask when none of ``uris`` is an ``s3://`` URI, for a config without a
+    secret or with ``picklable_secret=True``, or when Ray is not running yet (the datasource
+    and the sink ask again when Ray Data plans their tasks, never starting Ray themselves)."""
+    if storage_config.secret_access_key is None or storage_config.picklable_secret:
+        return
+    if not ray.is_initialized() or not any(uri.startswith("s3://") for uri in uris):
+        return
+    job = ray.get_runtime_context().get_job_id()
+    key = storage_config.access_key_id
+    nodes = [
+        node["NodeID"]
+        for node in ray.nodes()  # type: ignore[no-untyped-call]  # (ray leaves it untyped)
+        if node["Alive"] and (job, node["NodeID"], key) not in _NODES_WITH_SECRET
+    ]
+    answers = ray.get(
+        [
+            _workers_have_secret.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+            ).remote(key)
+            for node in nodes
+        ]
+    )
+    missing = [node for node, has in zip(nodes, answers, strict=True) if not has]
+    _NODES_WITH_SECRET.update((job, node, key) for node in nodes if node not in missing)
+    if missing:
+        raise ValueError(
+            f"The Ray workers of {len(missing)} of {len(nodes)} node(s) have no secret access "
+            f"key for access key id {key!r}, and Ray tasks get this StorageConfig without its "
+            "secret (Ray's pickles hold none: its object store may spill them to disk). Set "
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment of every node's "
+            "`ray start` (a local cluster started by ray.init() inherits the driver's), or "
+            "build the StorageConfig with picklable_secret=True where you trust every place a "
+            "pickle can go, Ray's spill files included"
+        )
 
 
 @dataclass(frozen=True)
@@ -122,7 +181,8 @@ class SyvainDatasource(Datasource):
 
     Raises what ``load_manifest`` raises, and the selection errors of ``SplitDataLoader.load``
     (unknown split or stage, both stage arguments, ...); ValueError for a ``records_per_task``
-    that is not a positive int or a shard of another scheme.
+    that is not a positive int or a shard of another scheme, and for an explicit secret the Ray
+    workers could not authenticate with (:func:`check_workers_have_secret`).
     """
 
     def __init__(
@@ -139,12 +199,14 @@ class SyvainDatasource(Datasource):
         super().__init__()  # type: ignore[no-untyped-call]  # (ray leaves it untyped)
         _check_positive("records_per_task", records_per_task)
         self.storage_config = storage_config or StorageConfig()
+        check_workers_have_secret(self.storage_config, [manifest_uri])
         manifest = _parse_manifest(
             get_object(manifest_uri, storage_config=self.storage_config), manifest_uri
         )
         shards = select_shards(manifest, split, curriculum_stage, curriculum_stages)[0]
         for shard in shards:
             check_shard_scheme(manifest_uri, shard.uri, allow_mixed_schemes=allow_mixed_schemes)
+        check_workers_have_secret(self.storage_config, [shard.uri for shard in shards])
         self.manifest_uri = manifest_uri
         self.data_format: DataManifestDataFormat = manifest.data_format
         self.ranges = [
@@ -167,7 +229,10 @@ class SyvainDatasource(Datasource):
         per_task_row_limit: int | None = None,
         data_context: DataContext | None = None,
     ) -> list[ReadTask]:
-        """One task per range, whatever ``parallelism`` asks (see the class docstring)."""
+        """One task per range, whatever ``parallelism`` asks (see the class docstring).
+        Raises ValueError first if the workers could not authenticate
+        (:func:`check_workers_have_secret`)."""
+        check_workers_have_secret(self.storage_config, [part.shard.uri for part in self.ranges])
         return [
             ReadTask(
                 functools.partial(_read_range, self.data_format, part, self.storage_config),
@@ -261,7 +326,8 @@ class SyvainDatasink(Datasink[list[_Written]]):
     was written and reused.
 
     Raises ValueError (from :class:`DatasetSaver`) for an invalid manifest URI, format or names,
-    and for a ``records_per_shard`` that is not a positive int.
+    for a ``records_per_shard`` that is not a positive int, and for an explicit secret the Ray
+    workers could not authenticate with (:func:`check_workers_have_secret`).
     """
 
     def __init__(
@@ -285,6 +351,7 @@ class SyvainDatasink(Datasink[list[_Written]]):
         self.saver = DatasetSaver(
             manifest_uri, data_format=data_format, storage_config=storage_config
         )
+        check_workers_have_secret(self.saver.storage_config, [manifest_uri])
         self.split = split
         self.curriculum_stage = curriculum_stage
         self.curriculum_metadata = dict(curriculum_metadata) if curriculum_metadata else None
@@ -298,6 +365,11 @@ class SyvainDatasink(Datasink[list[_Written]]):
     @property
     def min_rows_per_write(self) -> int | None:
         return self.records_per_shard
+
+    def on_write_start(self, schema: pa.Schema | None = None) -> None:
+        """On the driver, before the write tasks: raises ValueError if the workers could not
+        authenticate (:func:`check_workers_have_secret`)."""
+        check_workers_have_secret(self.saver.storage_config, [self.saver.manifest_uri])
 
     def write(self, blocks: Iterable[Block], ctx: Any) -> list[_Written]:
         """Saves this task's pieces (``ctx`` is Ray's TaskContext; its ``task_idx`` names them)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Mapping
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, SecretStr
@@ -46,11 +47,21 @@ class StorageConfig(BaseModel):
     value of the wrong type is not echoed in the ValidationError either).
 
     **Pickling** (savers and datasets travel to worker processes, Ray tasks, other machines,
-    and Ray may spill pickles to disk): a pickled config holds no secret unless
-    ``picklable_secret=True``. Unpickled, it takes the secret again from the process's
-    ``AWS_SECRET_ACCESS_KEY``, provided ``AWS_ACCESS_KEY_ID`` there names the config's access key
-    (inherited by forked and spawned children, set on Ray workers through their environment).
-    Without it, the first request fails with a ValueError saying so.
+    and Ray may spill pickles to disk). Two rules, by pickler:
+
+    - multiprocessing's own pickler (``multiprocessing.reduction.ForkingPickler``) carries the
+      secret. It is what starts spawn and forkserver processes and what feeds
+      ``ProcessPoolExecutor`` calls, ``multiprocessing`` queues and pipes and PyTorch DataLoader
+      workers, so a saver or dataset with explicit credentials works in those processes under
+      fork, spawn and forkserver with no AWS_* variables. These bytes go through a pipe or a
+      local socket to another process, never to a file (or to another machine only through a
+      ``multiprocessing.connection`` or manager that you open to it).
+    - Every other pickle (``pickle.dumps`` at any protocol, cloudpickle and so Ray,
+      ``torch.save``) holds no secret unless ``picklable_secret=True``. Unpickled, such a config
+      takes the secret again from the process's ``AWS_SECRET_ACCESS_KEY``, provided
+      ``AWS_ACCESS_KEY_ID`` there names the config's access key (set on Ray workers through
+      the environment of each node's ``ray start``). Without it, the first request fails with a
+      ValueError saying so.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, hide_input_in_errors=True)
@@ -66,9 +77,16 @@ class StorageConfig(BaseModel):
     _secret_withheld: bool = PrivateAttr(default=False)
 
     def __getstate__(self) -> dict[Any, Any]:
+        """The state of a plain pickle: the secret withheld unless ``picklable_secret`` (a
+        config already unpickled without it stays withheld: the next process looks in its own
+        environment too). multiprocessing's pickler uses :func:`_reduce_for_processes`."""
         state = super().__getstate__()
-        if self.secret_access_key is not None and not self.picklable_secret:
+        if not self.picklable_secret and (
+            self.secret_access_key is not None or self._secret_withheld
+        ):
             state["__dict__"] = {**state["__dict__"], "secret_access_key": None}
+            private = state.get("__pydantic_private__") or {}
+            state["__pydantic_private__"] = {**private, "_secret_withheld": False}
             state[_WITHHELD] = True
         return state
 
@@ -84,6 +102,12 @@ class StorageConfig(BaseModel):
                 fields["secret_access_key"] = SecretStr(secret)
             state["__dict__"] = fields
         super().__setstate__(state)
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        # ForkingPickler looks its reducers up by exact type: register subclasses too.
+        super().__pydantic_init_subclass__(**kwargs)
+        ForkingPickler.register(cls, _reduce_for_processes)
 
     @classmethod
     def create(
@@ -113,6 +137,23 @@ class StorageConfig(BaseModel):
 
 
 _WITHHELD: Final = "syvain_secret_withheld"
+
+
+def _reduce_for_processes(config: StorageConfig) -> tuple[Any, ...]:
+    """How ``ForkingPickler`` (process start, pool queues, pipes) pickles a config: with its
+    secret, since those bytes go straight to another local process. A config whose secret was
+    already withheld goes as a plain pickle would (the receiver looks in its environment)."""
+    state = config.__getstate__() if config._secret_withheld else BaseModel.__getstate__(config)
+    return (_restore, (type(config), state))
+
+
+def _restore(cls: type[StorageConfig], state: dict[Any, Any]) -> StorageConfig:
+    config = cls.__new__(cls)
+    config.__setstate__(state)
+    return config
+
+
+ForkingPickler.register(StorageConfig, _reduce_for_processes)
 
 
 def _secret_from_environment(access_key_id: str | None) -> str | None:
