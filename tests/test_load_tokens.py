@@ -511,6 +511,81 @@ def test_same_topology_token_resume_is_the_uninterrupted_stream(lengths, topolog
         assert head[rank] + tail[rank] == whole[rank]
 
 
+def token_rest(lengths, interrupts):
+    """What a run after ``interrupts`` has left: its positions, sorted, and the token each
+    one resumes at."""
+    layout, cuts = plan.token_layout(len(lengths), interrupts, plan.Topology(1, 1, 1, False))
+    rest = sorted(p for start, stop in layout[0][0] for p in range(start, stop))
+    return rest, {p: cuts[p] for p in rest if p in cuts}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 30), min_size=1, max_size=40),
+    before=st.lists(st.tuples(token_topology, st.integers(0, 6)), max_size=2),
+    topology=token_topology,
+    first=st.integers(0, 8),
+    second=st.integers(0, 8),
+    seq_len=st.integers(1, 12),
+)
+def test_two_token_runs_on_one_topology_are_one_run(
+    lengths, before, topology, first, second, seq_len
+):
+    """A token run resumed on its own topology merges with it (plan.TokenInterrupt.then): per
+    worker the records add up and the later offset wins, a worker that took nothing keeps its
+    position, the turns add. The merged state is the one an uninterrupted run that took both
+    runs' batches would have saved; it leaves the same records, cuts included; and a later run
+    on that topology is laid out and streams exactly as after the two. (After the two, the rest
+    lies in the second run's rotated worker order, after the merged one in epoch order, so a
+    new topology splits the same records differently.)"""
+    earlier: tuple[plan.TokenInterrupt, ...] = ()
+    for t, taken in before:  # as the loader saves them: merged as they come
+        _, interrupt, _ = simulate_run(lengths, list(earlier), t, seq_len, taken)
+        earlier = plan.appended(earlier, interrupt)
+    _, one, _ = simulate_run(lengths, list(earlier), topology, seq_len, first)
+    _, two, _ = simulate_run(lengths, [*earlier, one], topology, seq_len, second)
+    composed = [*earlier, one, two]
+    merged = list(plan.appended(plan.appended(earlier, one), two))
+    assert list(plan.merged_tail(composed)) == merged
+    if not earlier or earlier[-1].topology != topology:
+        _, whole, _ = simulate_run(lengths, list(earlier), topology, seq_len, first + second)
+        assert merged == [*earlier, whole]
+    assert token_rest(lengths, composed) == token_rest(lengths, merged)
+    (layout, cuts), (merged_layout, merged_cuts) = (
+        plan.token_layout(len(lengths), chain, topology) for chain in (composed, merged)
+    )
+    assert layout == merged_layout
+    live = {p for parts in layout.values() for part in parts for a, b in part for p in range(a, b)}
+    assert {p: c for p, c in cuts.items() if p in live} == {
+        p: c for p, c in merged_cuts.items() if p in live
+    }
+    _, _, streams = simulate_run(lengths, composed, topology, seq_len, None)
+    assert simulate_run(lengths, merged, topology, seq_len, None)[2] == streams
+
+
+@pytest.mark.parametrize("workers,resumes", [(0, 60), (2, 4)])
+def test_resumes_on_one_topology_keep_one_entry(local_sets, workers, resumes):
+    """A token run stopped after one batch per rank and resumed on its topology, again and
+    again (with 0 workers past the end of rank 0's 55 batches, rank 1 having 75): the state
+    keeps one entry and the streams are the uninterrupted ones, per rank."""
+    client, (uri, _) = local_sets[0], local_sets[1]["msgpack.zstf"]
+    whole, _ = run(client, uri, 2, workers, 2, 8, seed=5)
+    if workers == 0:
+        assert len(whole[0]) < resumes < len(whole[1])
+    received: list[list[Any]] = [[], []]
+    state = None
+    for _ in range(resumes):
+        part, state = run(client, uri, 2, workers, 2, 8, 1, state=state, seed=5)
+        assert len(state["interrupts"]) <= 1 and len(json.dumps(state)) < 4096
+        for rank in range(2):
+            received[rank] += part[rank]
+    rest, _ = run(client, uri, 2, workers, 2, 8, state=state, seed=5)
+    for rank in range(2):
+        assert [b.tolist() for b in received[rank] + rest[rank]] == [
+            b.tolist() for b in whole[rank]
+        ]
+
+
 # --- tensor batches: load(columns=...) ----------------------------------------------------
 
 

@@ -215,3 +215,93 @@ def test_shards_are_permuted_in_groups_and_still_once(monkeypatch):
     assert first != epoch_positions(selection, 1)
     order = selection.orders(0)[0]
     assert len(order.group_order) == 3
+
+
+# --- runs on one topology merge into one (issue 27) ---------------------------------------
+
+
+def rank_rests(
+    selection: plan.Selection,
+    total: int,
+    interrupts: list[plan.Interrupt],
+    interrupt: plan.Interrupt,
+) -> list[list[int]]:
+    """Per rank, the positions its workers had not consumed when a run of
+    ``interrupt.topology`` after ``interrupts`` stopped after ``interrupt.batches`` batches."""
+    layout = plan.run_layout(selection, total, interrupts, interrupt.topology)
+    return [
+        sorted(p for rest in plan._unread(layout[rank], interrupt) for p in positions(rest))
+        for rank in sorted(layout)
+    ]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    counts=counts_strategy,
+    before=st.lists(st.tuples(small_topology, st.integers(0, 30)), max_size=2),
+    topology=small_topology,
+    first=st.integers(0, 30),
+    second=st.integers(0, 30),
+    after=small_topology,
+    same_after=st.booleans(),
+    equal=st.booleans(),
+    mixed=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+def test_two_runs_on_one_topology_are_one_run_of_both_batches(
+    counts, before, topology, first, second, after, same_after, equal, mixed, seed
+):
+    """Runs of one topology stopped after b1 then b2 batches leave what one run stopped after
+    b1 + b2 leaves, rank by rank, so the merged state is exact: a later run of that topology
+    is laid out identically, worker for worker (drop_last, equal batches, mixing and ranks of
+    unequal batch counts included: world sizes that do not divide the epoch)."""
+    if mixed:  # two stages mixed: the epoch length comes from the mixed order
+        half = max(1, len(counts) // 2)
+        streams = (tuple(counts[:half]), tuple(counts[half:]) or (1,))
+        selection = plan.Selection(streams=streams, weights=(1.0, 2.5), seed=seed, window=3)
+    else:
+        selection = plan.Selection(streams=(tuple(counts),), equal_batches=equal, seed=seed)
+    total = plan.epoch_length(selection, 0)
+    earlier: tuple[plan.Interrupt, ...] = ()
+    for t, b in before:  # as the loader saves them: merged as they come
+        earlier = plan.appended(earlier, plan.Interrupt(t, b))
+    one, two = plan.Interrupt(topology, first), plan.Interrupt(topology, second)
+    composed = [*earlier, one, two]
+    merged = list(plan.appended(plan.appended(earlier, one), two))
+    assert len(merged) == len(earlier) + (not earlier or earlier[-1].topology != topology)
+    assert merged[-1].topology == topology and plan.topology_runs(
+        [i.topology for i in merged]
+    ) == len(merged)
+    assert list(plan.merged_tail(composed)) == merged
+    # What the two runs left is what the merged run left, rank by rank.
+    assert rank_rests(selection, total, [*earlier, one], two) == rank_rests(
+        selection, total, merged[:-1], merged[-1]
+    )
+    # A later run of that topology: the same layout, worker for worker.
+    assert plan.run_layout(selection, total, composed, topology) == plan.run_layout(
+        selection, total, merged, topology
+    )
+    for rank in range(topology.world_size):
+        assert plan.rank_batches(selection, total, composed, topology, rank) == (
+            plan.rank_batches(selection, total, merged, topology, rank)
+        )
+    # A later run of any topology reads the records both left. (Not always worker for worker:
+    # after the two runs the rest lies in the second run's worker order, rotated by the first
+    # one's turn, while the merged run leaves it in epoch order, as one uninterrupted run would;
+    # so with equal batches, which fewer than world_size records a new topology leaves out can
+    # differ.)
+    if same_after:
+        after = topology
+    rest = sorted(p for rank in rank_rests(selection, total, merged[:-1], merged[-1]) for p in rank)
+    from_composed = left(selection, total, composed, after)
+    from_merged = left(selection, total, merged, after)
+    if equal and after != topology:
+        assert len(from_composed) == len(from_merged) > len(rest) - after.world_size
+        assert set(from_composed) <= set(rest) and set(from_merged) <= set(rest)
+    else:
+        assert from_composed == from_merged == rest
+
+
+def left(selection, total, interrupts, topology) -> list[int]:
+    layout = plan.run_layout(selection, total, interrupts, topology)
+    return sorted(p for parts in layout.values() for part in parts for p in positions(part))

@@ -5,4 +5,5 @@
 - :mod:`.reader`: reads one consumer's record ranges of shards, in plan order.
 - :mod:`.dataset`: the torch IterableDataset; :mod:`.dataloader`: the DataLoader with resume
   state; :mod:`.split_loader`: ``SplitDataLoader``, which builds them from a manifest.
+- :mod:`.state`: the checks and bounds every field of a resume state passes (no torch).
 """

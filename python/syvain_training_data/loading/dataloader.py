@@ -3,7 +3,9 @@
 Its ``state_dict()`` is a few integers: the epoch, and for each interrupted run of that epoch its
 topology and the batches each rank had received. Any rank's state resumes every rank of a new
 run with any topology (:func:`~syvain_training_data.loading.plan.run_layout` turns it back into
-the records not yet consumed).
+the records not yet consumed). Consecutive runs on one topology merge into one entry (their
+batches add), so a state grows only when the topology changes; ``load_state_dict`` checks and
+bounds every field before using it (:mod:`~syvain_training_data.loading.state`).
 """
 
 from __future__ import annotations
@@ -16,14 +18,16 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from syvain_training_data.loading import plan
+from syvain_training_data.loading import state as checks
 from syvain_training_data.loading.dataset import ShardDataset
 from syvain_training_data.loading.stats import ConsumerSlots, LoaderStats, StatsClock
 
 __all__ = ["EpochLoader", "SyvainDataLoader", "endless"]
 
 STATE_VERSION = 2
-# Interrupted runs one state can name: at 28 bytes each, far inside SPEC's 4 KiB.
-MAX_INTERRUPTS = 100
+# Interrupted runs of distinct topologies one state can name (consecutive runs on one topology
+# merge into one entry): at most 46 bytes each, inside SPEC's 4 KiB.
+MAX_INTERRUPTS = checks.MAX_RUNS
 
 
 class EpochLoader[InterruptT](DataLoader[Any]):
@@ -53,8 +57,12 @@ class EpochLoader[InterruptT](DataLoader[Any]):
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch of the next pass (a pending resume is dropped)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        if (
+            isinstance(epoch, bool)
+            or not isinstance(epoch, int)
+            or not 0 <= epoch <= checks.MAX_COUNT
+        ):
+            raise ValueError(f"epoch must be a non-negative int below 2**63, got {epoch!r}")
         self._next_epoch, self._resume = epoch, ()
 
     def _begin_pass(self) -> tuple[int, tuple[InterruptT, ...]]:
@@ -112,20 +120,24 @@ class SyvainDataLoader(EpochLoader[plan.Interrupt]):
         return self.dataset.rank_batches(self.num_workers, self._next_epoch, self._resume)
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain JSON data of at most a few hundred bytes, holding no records."""
+        """Plain JSON data of at most a few hundred bytes (4 KiB at most), holding no records.
+        Runs on one topology in a row are one entry: a run resumed on its own topology any
+        number of times can always save its state. RuntimeError only when one epoch ran on
+        more than ``MAX_INTERRUPTS`` topologies in turn."""
         progress = self._pass
+        interrupts: tuple[plan.Interrupt, ...]
         if progress is None:
-            epoch, interrupts = self._next_epoch, list(self._resume)
+            epoch, interrupts = self._next_epoch, self._resume
         elif progress["finished"]:
-            epoch, interrupts = progress["epoch"] + 1, []
+            epoch, interrupts = progress["epoch"] + 1, ()
         else:
             epoch = progress["epoch"]
             now = plan.Interrupt(self._topology, progress["batches"])
-            interrupts = [*progress["interrupts"], now]
-        if len(interrupts) > MAX_INTERRUPTS:
+            interrupts = plan.appended(progress["interrupts"], now)
+        problem = plan.beyond_bounds([i.topology for i in interrupts])
+        if problem is not None:
             raise RuntimeError(
-                f"This epoch was interrupted more than {MAX_INTERRUPTS} times; "
-                "finish it before saving another state"
+                f"This epoch's loader state {problem}; finish the epoch before saving another state"
             )
         return {
             "version": STATE_VERSION,
@@ -136,20 +148,30 @@ class SyvainDataLoader(EpochLoader[plan.Interrupt]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Makes the next pass the rest of the epoch ``state`` was taken in, on this loader's
-        topology. Raises ValueError for a state of another version or selection."""
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            version = state.get("version") if isinstance(state, dict) else None
-            raise ValueError(f"Unsupported loader state version {version!r}")
+        topology. Raises ValueError, naming the field, for a state of another version, kind or
+        selection, and for a field that is missing, of the wrong type or out of bounds (see
+        :mod:`~syvain_training_data.loading.state`); every field is checked before anything is
+        computed from it."""
+        if not isinstance(state, dict):
+            raise ValueError(f"A loader state is a dict, got {checks.describe(state)}")
+        version = state.get("version")
+        if isinstance(version, bool) or version != STATE_VERSION:
+            raise ValueError(f"Unsupported loader state version {checks.describe(version)}")
         if "kind" in state:
-            raise ValueError(f"This is a {state['kind']} loader state, not a record loader's")
-        if state.get("selection") != self.dataset.selection.fingerprint():
+            kind = state["kind"]
+            if isinstance(kind, str) and kind.isidentifier() and len(kind) <= checks.MAX_STRING:
+                raise ValueError(f"This is a {kind} loader state, not a record loader's")
+            raise ValueError(f"Not a record loader's state (kind {checks.describe(kind)})")
+        selection = checks.string(checks.field(state, "selection"), "selection")
+        if selection != self.dataset.selection.fingerprint():
             raise ValueError(
                 "This loader state was saved for another selection, seed, shuffle or mixing"
             )
-        epoch = state["epoch"]
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"Invalid epoch in loader state: {epoch!r}")
-        interrupts = tuple(plan.Interrupt.from_json(i) for i in state["interrupts"])
+        epoch = checks.integer(checks.field(state, "epoch"), "epoch")
+        interrupts = self.dataset.interrupts_from_json(checks.field(state, "interrupts"), epoch)
+        # Runs on one topology at the end are one run (states of earlier versions kept an
+        # entry per run): exact, as no run has been laid out after them yet.
+        interrupts = plan.merged_tail(interrupts)
         if interrupts and self.dataset.left_in_epoch(self.num_workers, epoch, interrupts) == 0:
             epoch, interrupts = epoch + 1, ()  # nothing of that epoch is left
         self._next_epoch, self._resume = epoch, interrupts

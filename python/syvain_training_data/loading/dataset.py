@@ -14,6 +14,7 @@ from typing import Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from syvain_training_data.loading import plan
+from syvain_training_data.loading import state as checks
 from syvain_training_data.loading.reader import ShardRange, consumer_records
 from syvain_training_data.loading.stats import PUBLISH_MASK, ConsumerSlots
 from syvain_training_data.manifest import DataManifestDataFormat, ManifestShard
@@ -98,12 +99,40 @@ class ShardDataset(IterableDataset[Any]):
 
     def set_epoch(self, epoch: int) -> None:
         """Chooses the epoch of the next pass (it seeds the shard and record order)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        if (
+            isinstance(epoch, bool)
+            or not isinstance(epoch, int)
+            or not 0 <= epoch <= checks.MAX_COUNT
+        ):
+            raise ValueError(f"epoch must be a non-negative int below 2**63, got {epoch!r}")
         self.epoch = epoch
 
     def topology(self, workers: int) -> plan.Topology:
         return plan.Topology(self.world_size, max(workers, 1), self.batch_size, self.drop_last)
+
+    def interrupts_from_json(self, value: object, epoch: int) -> tuple[plan.Interrupt, ...]:
+        """The ``interrupts`` of a state taken in ``epoch``, checked (ValueError naming the
+        field) before anything is computed from them: at most ``state.MAX_ENTRIES`` entries,
+        each topology within the bounds of :class:`~syvain_training_data.loading.plan.Topology`,
+        at most ``state.MAX_RUNS`` runs of distinct topologies and ``MAX_STATE_CONSUMERS``
+        consumers in all, no more workers per rank than a loader over this selection starts,
+        and no more batches than the epoch has records. Returned as they are, not merged: a run
+        laid out after them (a worker state's own run) was laid out after them entry by entry."""
+        entries = checks.items(value, "interrupts", checks.MAX_ENTRIES)
+        interrupts = tuple(
+            plan.Interrupt.from_json(entry, f"interrupts[{index}]")
+            for index, entry in enumerate(entries)
+        )
+        problem = plan.beyond_bounds([i.topology for i in interrupts])
+        if problem is not None:
+            raise ValueError(f"Invalid loader state: interrupts {problem}")
+        if interrupts:
+            records = sum(self.selection.totals())
+            length = plan.epoch_length(self.selection, epoch)
+            for index, interrupt in enumerate(interrupts):
+                interrupt.topology.check_workers(records, f"interrupts[{index}]")
+                checks.integer(interrupt.batches, f"interrupts[{index}][4] (batches)", 0, length)
+        return interrupts
 
     def left_in_epoch(self, workers: int, epoch: int, interrupts: Sequence[plan.Interrupt]) -> int:
         """Records all ranks read in a pass of ``epoch`` after ``interrupts``."""
@@ -180,21 +209,31 @@ class ShardDataset(IterableDataset[Any]):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Makes the next pass continue where :meth:`state_dict` was taken, on the same
-        topology. Raises ValueError for a state of another version or selection."""
-        if state.get("version") != _WORKER_STATE_VERSION:
-            raise ValueError(f"Unsupported loader state version {state.get('version')!r}")
-        self._progress = None
-        if not state["started"]:
-            self._skip = None
-            self.epoch = state["epoch"]
+        topology. Raises ValueError, naming the field, for a state of another version or
+        selection and for a field that is missing, of the wrong type or out of bounds."""
+        if not isinstance(state, Mapping):
+            raise ValueError(f"A loader state is a dict, got {checks.describe(state)}")
+        version = state.get("version")
+        if isinstance(version, bool) or version != _WORKER_STATE_VERSION:
+            raise ValueError(f"Unsupported loader state version {checks.describe(version)}")
+        started = checks.field(state, "started")
+        if not isinstance(started, bool):
+            raise ValueError(
+                f"Invalid loader state: started must be a bool, got {checks.describe(started)}"
+            )
+        epoch = checks.integer(checks.field(state, "epoch"), "epoch")
+        if not started:
+            self._progress = self._skip = None
+            self.epoch = epoch
             return
-        if state.get("selection") != self.selection.fingerprint():
+        selection = checks.string(checks.field(state, "selection"), "selection")
+        if selection != self.selection.fingerprint():
             raise ValueError("This loader state was saved for another selection or seed")
-        self._skip = {
-            "epoch": state["epoch"],
-            "interrupts": tuple(plan.Interrupt.from_json(i) for i in state["interrupts"]),
-            "yielded": state["yielded"],
-        }
+        interrupts = self.interrupts_from_json(checks.field(state, "interrupts"), epoch)
+        length = plan.epoch_length(self.selection, epoch)
+        yielded = checks.integer(checks.field(state, "yielded"), "yielded", 0, length)
+        self._progress = None
+        self._skip = {"epoch": epoch, "interrupts": interrupts, "yielded": yielded}
 
 
 def stream_tables(

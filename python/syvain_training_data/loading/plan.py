@@ -29,6 +29,9 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from syvain_training_data.loading import state as checks
 
 __all__ = [
     "DEFAULT_WINDOW",
@@ -39,14 +42,19 @@ __all__ = [
     "StreamOrder",
     "TokenInterrupt",
     "Topology",
+    "appended",
     "batch_count",
+    "beyond_bounds",
     "consumer_part",
     "left_in_epoch",
+    "merged_tail",
     "run_layout",
     "rank_batches",
     "round_robin_taken",
     "split_evenly",
     "token_layout",
+    "token_rank_then",
+    "topology_runs",
 ]
 
 # Records shuffled together when a seed is given and no window is: large enough to mix a few
@@ -68,8 +76,56 @@ class Topology:
     drop_last: bool
 
     def __post_init__(self) -> None:
-        if self.world_size < 1 or self.workers < 1 or self.batch_size < 1:
-            raise ValueError(f"Invalid loader topology {self}")
+        for name, value, most in (
+            ("world_size", self.world_size, checks.MAX_WORLD_SIZE),
+            ("workers", self.workers, checks.MAX_WORKERS),
+            ("batch_size", self.batch_size, checks.MAX_BATCH_SIZE),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+                raise ValueError(
+                    f"Invalid loader topology: {name} must be an int in [1, {most}], "
+                    f"got {checks.describe(value)}"
+                )
+        if self.world_size * self.workers > checks.MAX_CONSUMERS:
+            raise ValueError(
+                f"Invalid loader topology: world_size x workers must be at most "
+                f"{checks.MAX_CONSUMERS}, got {self.world_size} x {self.workers}"
+            )
+
+    def to_json(self) -> list[int]:
+        return [self.world_size, self.workers, self.batch_size, int(self.drop_last)]
+
+    @classmethod
+    def from_json(cls, value: list[Any], name: str) -> Topology:
+        """The topology of a state entry whose first four items are (world_size, workers,
+        batch_size, drop_last); ValueError naming the field (``name[i] (what)``)."""
+        world, workers, batch = (
+            checks.integer(value[i], f"{name}[{i}] ({what})", 1, most)
+            for i, what, most in (
+                (0, "world_size", checks.MAX_WORLD_SIZE),
+                (1, "workers", checks.MAX_WORKERS),
+                (2, "batch_size", checks.MAX_BATCH_SIZE),
+            )
+        )
+        drop = checks.flag(value[3], f"{name}[3] (drop_last)")
+        if world * workers > checks.MAX_CONSUMERS:
+            raise ValueError(
+                f"Invalid loader state: {name}[0:2] (world_size x workers) must be at most "
+                f"{checks.MAX_CONSUMERS}, got {world} x {workers}"
+            )
+        return cls(world, workers, batch, drop)
+
+    @property
+    def consumers(self) -> int:
+        return self.world_size * self.workers
+
+    def check_workers(self, records: int, name: str) -> None:
+        """ValueError naming ``name[1] (workers)`` when this topology has more workers per
+        rank than a loader over ``records`` records starts (``SplitDataLoader`` caps them at a
+        rank's records: a worker beyond them would only idle). With this, laying out a run
+        costs at most min(ranks, records) x workers <= about ``records`` parts."""
+        most = max(1, records // self.world_size)
+        checks.integer(self.workers, f"{name}[1] (workers)", 1, most)
 
 
 @dataclass(frozen=True)
@@ -80,21 +136,75 @@ class Interrupt:
     batches: int
 
     def to_json(self) -> list[int]:
-        t = self.topology
-        return [t.world_size, t.workers, t.batch_size, int(t.drop_last), self.batches]
+        return [*self.topology.to_json(), self.batches]
 
     @classmethod
-    def from_json(cls, value: object) -> Interrupt:
-        if (
-            not isinstance(value, list)
-            or len(value) != 5
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-            or value[3] not in (0, 1)
-            or value[4] < 0
-        ):
-            raise ValueError(f"Invalid loader state entry {value!r}")
-        world, workers, batch, drop, batches = value
-        return cls(Topology(world, workers, batch, bool(drop)), batches)
+    def from_json(cls, value: object, name: str = "interrupt") -> Interrupt:
+        """An entry of a state's ``interrupts``: [world_size, workers, batch_size, drop_last,
+        batches]. ValueError naming the field (``name[i] (what)``) for anything else; the
+        batches are bounded here by MAX_COUNT only (the loader bounds them by its epoch)."""
+        entry = checks.items(value, name, 5, exactly=5)
+        topology = Topology.from_json(entry, name)
+        return cls(topology, checks.integer(entry[4], f"{name}[4] (batches)"))
+
+    def then(self, later: Interrupt) -> Interrupt:
+        """This run and ``later``, a run on the same topology that resumed it, as one run.
+
+        A run on the interrupted run's topology continues it exactly (``_continued``: each
+        worker takes one old worker's rest, rotated to the worker whose turn was next), so the
+        two leave what one run stopped after both runs' batches leaves
+        (tests/test_loading_plan.py checks it, drop_last, equal batches, mixing and ranks of
+        unequal batch counts included)."""
+        if later.topology != self.topology:
+            raise ValueError("Only runs on one topology merge")
+        return Interrupt(self.topology, self.batches + later.batches)
+
+
+def appended[T: (Interrupt, TokenInterrupt)](
+    interrupts: Sequence[T], interrupt: T
+) -> tuple[T, ...]:
+    """``interrupts`` followed by ``interrupt``, merged into the last when both runs had one
+    topology (see :meth:`Interrupt.then`): a state grows only when the topology changes."""
+    if interrupts and interrupts[-1].topology == interrupt.topology:
+        return tuple(interrupts[:-1]) + (interrupts[-1].then(interrupt),)
+    return tuple(interrupts) + (interrupt,)
+
+
+def merged_tail[T: (Interrupt, TokenInterrupt)](interrupts: Sequence[T]) -> tuple[T, ...]:
+    """``interrupts`` with the runs at its end that share one topology merged into one (states
+    of earlier versions kept an entry per run). Only the tail: a later run of another topology
+    was laid out after the earlier ones as they were, entry by entry."""
+    merged: tuple[T, ...] = tuple(interrupts)
+    while len(merged) > 1 and merged[-2].topology == merged[-1].topology:
+        merged = merged[:-2] + (merged[-2].then(merged[-1]),)
+    return merged
+
+
+def topology_runs(topologies: Sequence[Topology]) -> int:
+    """Runs of distinct topologies in a state whose interrupted runs had ``topologies``,
+    consecutive runs on one topology counting once: what ``state.MAX_RUNS`` bounds."""
+    return sum(1 for i, t in enumerate(topologies) if i == 0 or t != topologies[i - 1])
+
+
+def beyond_bounds(topologies: Sequence[Topology]) -> str | None:
+    """Why a state whose interrupted runs had ``topologies`` is beyond what a state may name
+    (``state.MAX_RUNS``, ``MAX_ENTRIES``, ``MAX_STATE_CONSUMERS``), or None. The loaders refuse
+    to save such a state and to load one."""
+    runs = topology_runs(topologies)
+    if runs > checks.MAX_RUNS:
+        return (
+            f"names {runs} interrupted runs of distinct topologies in one epoch, more than "
+            f"{checks.MAX_RUNS} (runs on one topology in a row count once)"
+        )
+    if len(topologies) > checks.MAX_ENTRIES:
+        return f"names {len(topologies)} interrupted runs, more than {checks.MAX_ENTRIES}"
+    consumers = sum(t.consumers for t in topologies)
+    if consumers > checks.MAX_STATE_CONSUMERS:
+        return (
+            f"names {consumers} consumers (ranks x workers over its runs), more than "
+            f"{checks.MAX_STATE_CONSUMERS}"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -446,14 +556,45 @@ def run_layout(
 
     A run on a new topology splits what is left evenly (ranks, then workers, in epoch order);
     a run on the interrupted run's topology continues it exactly."""
+    ranks = range(topology.world_size) if rank is None else [rank]
+    return _layout(selection, epoch_length, interrupts, topology, ranks)
+
+
+def _ranks_with_records(length: int, world_size: int) -> Sequence[int]:
+    """The ranks whose part of a level of ``length`` positions is not empty, ascending, in
+    min(length, world_size) steps (with fewer positions than ranks, each holds one: position
+    p is rank r's when r < (p + 1) x world_size / length <= r + 1)."""
+    if length >= world_size:
+        return range(world_size)
+    return [-(-(p + 1) * world_size // length) - 1 for p in range(length)]
+
+
+def _layout(
+    selection: Selection,
+    epoch_length: int,
+    interrupts: Sequence[Interrupt],
+    topology: Topology,
+    ranks: Sequence[int] | None,
+) -> Layout:
+    """``run_layout`` for ``ranks`` of the run itself (None: the ranks that hold records).
+
+    Earlier runs are laid out for their ranks that hold records only: the others read nothing
+    and leave nothing. So the work per earlier run grows with min(ranks, records) x workers,
+    never with the ranks alone: a state naming 2^20 ranks over a small split costs what the
+    split's records do."""
     topologies = [interrupt.topology for interrupt in interrupts] + [topology]
     level = Level([(0, epoch_length)])
     layout: Layout = {}
     for index, current in enumerate(topologies):
-        final = index == len(interrupts)
-        ranks = [rank] if final and rank is not None else range(current.world_size)
+        wanted = ranks if index == len(interrupts) else None
         if index > 0 and current == topologies[index - 1]:
-            layout = {r: _continued(layout[r], interrupts[index - 1]) for r in ranks}
+            before, previous = layout, interrupts[index - 1]
+            layout = {
+                r: _continued(before[r], previous)
+                if r in before
+                else [[] for _ in range(current.workers)]
+                for r in (before.keys() if wanted is None else wanted)
+            }
             continue
         if index > 0:
             previous = interrupts[index - 1]
@@ -461,9 +602,11 @@ def run_layout(
                 [i for parts in layout.values() for rest in _unread(parts, previous) for i in rest]
             )
         level = _balanced(level, current.world_size, selection.equal_batches)
+        if wanted is None:
+            wanted = _ranks_with_records(level.length, current.world_size)
         layout = {
             r: [level.slice(start, stop) for start, stop in _worker_parts(level, current, r)]
-            for r in ranks
+            for r in wanted
         }
     return layout
 
@@ -496,7 +639,7 @@ def left_in_epoch(
     selection: Selection, epoch_length: int, interrupts: Sequence[Interrupt], topology: Topology
 ) -> int:
     """Records a run of ``topology`` after ``interrupts`` reads, over all its consumers."""
-    layout = run_layout(selection, epoch_length, interrupts, topology)
+    layout = _layout(selection, epoch_length, interrupts, topology, None)
     return sum(_length(part) for parts in layout.values() for part in parts)
 
 
@@ -527,6 +670,48 @@ class TokenInterrupt:
                 raise ValueError(f"Invalid token loader state for rank {rank}")
             if any(records < 0 or offset < 0 for records, offset in positions):
                 raise ValueError(f"Invalid token loader state for rank {rank}")
+
+    def then(self, later: TokenInterrupt) -> TokenInterrupt:
+        """This run and ``later``, a run on the same topology that resumed it, as one run (see
+        :func:`token_rank_then`)."""
+        if later.topology != self.topology:
+            raise ValueError("Only runs on one topology merge")
+        ranks = [
+            token_rank_then(self.positions[r], self.turns[r], later.positions[r], later.turns[r])
+            for r in range(self.topology.world_size)
+        ]
+        return TokenInterrupt(
+            self.topology,
+            tuple(positions for positions, _ in ranks),
+            tuple(turn for _, turn in ranks),
+            later.finished,
+        )
+
+
+Position = tuple[int, int]
+
+
+def token_rank_then(
+    positions: Sequence[Position],
+    turn: int,
+    later_positions: Sequence[Position],
+    later_turn: int,
+) -> tuple[tuple[Position, ...], int]:
+    """One rank's (positions, turn) after a run and a later run on the same topology that
+    resumed it, as one run's.
+
+    The later run's worker w read the rest of the earlier run's worker (w + turn) % workers
+    (``token_layout``), counting its records from there and its token offset from the start of
+    the record, as the earlier run did; a worker that took nothing keeps the earlier position,
+    cut included. The turns add. (tests/test_load_tokens.py checks that the merged run leaves
+    what the two leave.)"""
+    workers = len(positions)
+    merged = list(positions)
+    for worker, (records, offset) in enumerate(later_positions):
+        if records or offset:
+            earlier = (worker + turn) % workers
+            merged[earlier] = (positions[earlier][0] + records, offset)
+    return tuple(merged), (turn + later_turn) % workers
 
 
 def _unread_tokens(

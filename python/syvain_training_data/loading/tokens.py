@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import collections
 import hashlib
+import itertools
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
@@ -25,6 +26,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from syvain_training_data.loading import plan
+from syvain_training_data.loading import state as checks
 from syvain_training_data.loading.bundles import (
     BUNDLE_BATCHES,
     BUNDLE_BYTES,
@@ -33,7 +35,7 @@ from syvain_training_data.loading.bundles import (
     bundled,
     in_turn,
 )
-from syvain_training_data.loading.dataloader import MAX_INTERRUPTS, STATE_VERSION, EpochLoader
+from syvain_training_data.loading.dataloader import STATE_VERSION, EpochLoader
 from syvain_training_data.loading.dataset import ShardDataset
 from syvain_training_data.loading.reader import ShardRange, consumer_records
 from syvain_training_data.loading.stats import PUBLISH_MASK
@@ -201,12 +203,14 @@ class TokenDataset(ShardDataset):
             orders, self.stream_shards, mixed, part, lambda r: counters.watch(open_range(r))
         )
         cut_at = _cuts_by_index(part, cuts)
+        cut_indices = sorted(cut_at)
         packer = TokenPacker(self.seq_len, self.batch_size, self.ring)
         index = 0
         try:
             for values, bounds in runs:
                 count = len(bounds) - 1
-                if cut_at and any(index <= i < index + count for i in cut_at):
+                first_cut = bisect.bisect_left(cut_indices, index)
+                if first_cut < len(cut_indices) and cut_indices[first_cut] < index + count:
                     cut = _Cut(cut_at, epoch, part)
                     pieces = _pack_records(packer, index, values, bounds, self.eos_id, cut)
                 else:
@@ -331,14 +335,21 @@ def _pack_records(
 
 
 def _cuts_by_index(part: Sequence[tuple[int, int]], cuts: dict[int, int]) -> dict[int, int]:
-    """``cuts`` (epoch position -> tokens of it already consumed) by index in ``part``."""
-    by_index: dict[int, int] = {}
+    """``cuts`` (epoch position -> tokens of it already consumed) by index in ``part``, in
+    O((intervals + cuts) log intervals): a state can name a cut per consumer of its runs."""
+    spans = []
     base = 0
     for start, stop in part:
-        for position, tokens in cuts.items():
-            if start <= position < stop:
-                by_index[base + position - start] = tokens
+        spans.append((start, stop, base))
         base += stop - start
+    spans.sort()
+    starts = [start for start, _, _ in spans]
+    by_index: dict[int, int] = {}
+    for position, tokens in cuts.items():
+        k = bisect.bisect_right(starts, position) - 1
+        if k >= 0 and position < spans[k][1]:
+            start, _, base = spans[k]
+            by_index[base + position - start] = tokens
     return by_index
 
 
@@ -391,15 +402,29 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
         batches = _tracked(super().__iter__(), progress, workers, self.dataset.ring)
         return self._stats.timed(batches, started)
 
-    def _rank_entry(self, progress: dict[str, Any]) -> list[int]:
-        flat = [value for position in progress["positions"] for value in position]
-        return [self.dataset.rank, progress["turn"], int(progress["finished"]), *flat]
+    def _rank_entry(
+        self, progress: dict[str, Any], earlier: plan.TokenInterrupt | None
+    ) -> list[int]:
+        """This rank's [rank, turn, finished, records, offset, ...] in this pass; merged with
+        its entry in ``earlier``, the run this pass resumed on the same topology, when given
+        (the two runs are then one: see ``plan.token_rank_then``)."""
+        positions, turn = progress["positions"], progress["turn"]
+        if earlier is not None:
+            rank = self.dataset.rank
+            positions, turn = plan.token_rank_then(
+                earlier.positions[rank], earlier.turns[rank], positions, turn
+            )
+        flat = [value for position in positions for value in position]
+        return [self.dataset.rank, turn, int(progress["finished"]), *flat]
 
     def state_dict(self) -> dict[str, Any]:
         """Plain JSON data: the epoch and, for each interrupted run of it, its topology and per
-        rank each worker's position. With an initialised torch.distributed group of the
-        loader's world size, every rank must call it (it gathers the ranks' positions);
-        otherwise it holds this rank's, for :func:`merge_token_states`."""
+        rank each worker's position. Consecutive runs on one topology are one entry, so a run
+        resumed on its own topology any number of times can always save its state
+        (RuntimeError only when one epoch ran on more than ``state.MAX_RUNS`` topologies in
+        turn). With an initialised torch.distributed group of the loader's world size, every
+        rank must call it (it gathers the ranks' positions); otherwise it holds this rank's, for
+        :func:`merge_token_states`."""
         progress = self._pass
         topology = self._topology
         state: dict[str, Any] = {
@@ -412,37 +437,53 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
             return {**state, "epoch": self._next_epoch, "interrupts": interrupts}
         if progress["finished"] and topology.world_size == 1:
             return {**state, "epoch": progress["epoch"] + 1, "interrupts": []}
-        interrupts = [_interrupt_json(i) for i in progress["interrupts"]]
-        if len(interrupts) >= MAX_INTERRUPTS:
+        before: tuple[plan.TokenInterrupt, ...] = progress["interrupts"]
+        earlier = None
+        if before and before[-1].topology == topology:  # this pass resumed that run
+            before, earlier = before[:-1], before[-1]
+        problem = plan.beyond_bounds([*(i.topology for i in before), topology])
+        if problem is not None:
             raise RuntimeError(
-                f"This epoch was interrupted more than {MAX_INTERRUPTS} times; "
-                "finish it before saving another state"
+                f"This epoch's loader state {problem}; finish the epoch before saving another state"
             )
-        entries = _gather(self._rank_entry(progress), topology.world_size)
-        now = [topology.world_size, topology.workers, topology.batch_size, int(topology.drop_last)]
-        return {**state, "epoch": progress["epoch"], "interrupts": [*interrupts, [*now, entries]]}
+        entries = _gather(self._rank_entry(progress, earlier), topology.world_size)
+        interrupts = [_interrupt_json(i) for i in before]
+        return {
+            **state,
+            "epoch": progress["epoch"],
+            "interrupts": [*interrupts, [*topology.to_json(), entries]],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Makes the next pass the rest of the epoch ``state`` was taken in, on this loader's
-        topology. Raises ValueError for a state of another version, kind or selection, or one
-        that lacks some rank's positions."""
+        topology. Raises ValueError for a state of another version, kind or selection, one
+        that lacks some rank's positions, and, naming the field, for a field that is missing,
+        of the wrong type or out of bounds (see :mod:`~syvain_training_data.loading.state`):
+        every field is checked before anything is computed from it, and the positions against
+        the epoch's plan."""
         if (
             not isinstance(state, dict)
             or state.get("version") != STATE_VERSION
             or state.get("kind") != STATE_KIND
         ):
             raise ValueError("Not a token loader state (state_dict of a load_tokens loader)")
-        if state.get("selection") != self.dataset.fingerprint():
+        selection = checks.string(checks.field(state, "selection"), "selection")
+        if selection != self.dataset.fingerprint():
             raise ValueError(
                 "This loader state was saved for another selection, seed, shuffle, mixing, "
                 "token column or eos_id"
             )
-        epoch = state["epoch"]
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"Invalid epoch in loader state: {epoch!r}")
-        interrupts = tuple(_interrupt_from_json(i) for i in state["interrupts"])
+        epoch = checks.integer(checks.field(state, "epoch"), "epoch")
+        length = plan.epoch_length(self.dataset.selection, epoch)
+        records = sum(self.dataset.selection.totals())
+        interrupts = _interrupts_from_json(checks.field(state, "interrupts"), length, records)
+        # Runs on one topology at the end are one run: exact, as no run has been laid out
+        # after them yet.
+        interrupts = plan.merged_tail(interrupts)
         if interrupts and all(interrupts[-1].finished):
             epoch, interrupts = epoch + 1, ()  # every rank had finished the epoch
+        elif interrupts:  # positions past a part or back inside a record: ValueError now
+            plan.token_layout(length, interrupts, self._topology, self.dataset.rank)
         self._next_epoch, self._resume = epoch, interrupts
         self._pass = None
         self._iterator = None
@@ -477,62 +518,97 @@ def _gather(entry: list[int], world_size: int) -> list[list[int]]:
 
 
 def _interrupt_json(interrupt: plan.TokenInterrupt) -> list[Any]:
-    t = interrupt.topology
     entries = [
         [rank, turn, int(finished), *(value for position in positions for value in position)]
         for rank, (positions, turn, finished) in enumerate(
             zip(interrupt.positions, interrupt.turns, interrupt.finished, strict=True)
         )
     ]
-    return [t.world_size, t.workers, t.batch_size, int(t.drop_last), entries]
+    return [*interrupt.topology.to_json(), entries]
 
 
-def _interrupt_from_json(value: object) -> plan.TokenInterrupt:
-    def is_int(item: object) -> bool:
-        return isinstance(item, int) and not isinstance(item, bool)
+def _interrupts_from_json(
+    value: object, length: int, records: int
+) -> tuple[plan.TokenInterrupt, ...]:
+    """A token state's ``interrupts`` in an epoch of ``length`` records of a selection of
+    ``records``, checked field by field (ValueError naming it) before anything is computed from
+    them; the consumers of all entries are bounded before their positions are read, so the
+    work is that of the state's size."""
+    entries = checks.items(value, "interrupts", checks.MAX_ENTRIES)
+    interrupts = []
+    consumers = 0
+    for index, entry in enumerate(entries):
+        name = f"interrupts[{index}]"
+        topology = plan.Topology.from_json(checks.items(entry, name, 5, exactly=5), name)
+        topology.check_workers(records, name)
+        consumers += topology.consumers
+        if consumers > checks.MAX_STATE_CONSUMERS:
+            raise ValueError(
+                f"Invalid loader state: interrupts name more than {checks.MAX_STATE_CONSUMERS} "
+                "consumers (ranks x workers over its runs)"
+            )
+        interrupts.append(_interrupt_from_json(topology, entry[4], f"{name}[4]", length))
+    problem = plan.beyond_bounds([interrupt.topology for interrupt in interrupts])
+    if problem is not None:
+        raise ValueError(f"Invalid loader state: interrupts {problem}")
+    return tuple(interrupts)
 
-    if (
-        not isinstance(value, list)
-        or len(value) != 5
-        or not all(is_int(v) for v in value[:4])
-        or value[3] not in (0, 1)
-        or not isinstance(value[4], list)
-    ):
-        raise ValueError(f"Invalid token loader state entry {value!r}")
-    world, workers, batch, drop, entries = value
-    topology = plan.Topology(world, workers, batch, bool(drop))
-    by_rank: dict[int, list[int]] = {}
-    for entry in entries:
-        if (
-            not isinstance(entry, list)
-            or len(entry) != 3 + 2 * workers
-            or not all(is_int(v) for v in entry)
-        ):
-            raise ValueError(f"Invalid token loader state entry {entry!r}")
-        by_rank[entry[0]] = entry
-    missing = [str(r) for r in range(world) if r not in by_rank]
-    if missing or len(by_rank) != world:
-        raise ValueError(
-            f"This token loader state lacks the positions of rank(s) {', '.join(missing)} of "
-            f"{world}: call state_dict on every rank of a torch.distributed group, or merge "
-            "every rank's state with merge_token_states"
+
+def _interrupt_from_json(
+    topology: plan.Topology, value: object, name: str, length: int
+) -> plan.TokenInterrupt:
+    """One run's per-rank entries [rank, turn, finished, records, offset, ...] (``name``) in
+    an epoch of ``length`` records."""
+    world, workers = topology.world_size, topology.workers
+    entries = checks.items(value, name, world)
+    width = 3 + 2 * workers
+    by_rank: dict[int, tuple[tuple[tuple[int, int], ...], int, bool]] = {}
+    for k, item in enumerate(entries):
+        where = f"{name}[{k}]"
+        entry = checks.items(item, where, width, exactly=width)
+        rank = checks.integer(entry[0], f"{where}[0] (rank)", 0, world - 1)
+        if rank in by_rank:
+            raise ValueError(f"Invalid loader state: {where}[0] (rank) repeats rank {rank}")
+        turn = checks.integer(entry[1], f"{where}[1] (turn)", 0, workers - 1)
+        finished = checks.flag(entry[2], f"{where}[2] (finished)")
+        positions = tuple(
+            (
+                checks.integer(entry[3 + 2 * w], f"{where}[{3 + 2 * w}] (records)", 0, length),
+                checks.integer(entry[4 + 2 * w], f"{where}[{4 + 2 * w}] (token offset)"),
+            )
+            for w in range(workers)
         )
-    positions = tuple(
-        tuple((by_rank[r][3 + 2 * w], by_rank[r][4 + 2 * w]) for w in range(workers))
-        for r in range(world)
+        by_rank[rank] = (positions, turn, finished)
+    if len(by_rank) != world:
+        # The first few missing ranks: at most len(entries) + 8 steps, whatever world says.
+        missing = list(itertools.islice((r for r in range(world) if r not in by_rank), 8))
+        more = " ..." if world - len(by_rank) > len(missing) else ""
+        raise ValueError(
+            f"This token loader state lacks the positions of rank(s) "
+            f"{', '.join(map(str, missing))}{more} of {world} ({name}): call state_dict on "
+            "every rank of a torch.distributed group, or merge every rank's state with "
+            "merge_token_states"
+        )
+    ranks = [by_rank[r] for r in range(world)]
+    return plan.TokenInterrupt(
+        topology,
+        tuple(positions for positions, _, _ in ranks),
+        tuple(turn for _, turn, _ in ranks),
+        tuple(finished for _, _, finished in ranks),
     )
-    turns = tuple(by_rank[r][1] for r in range(world))
-    finished = tuple(bool(by_rank[r][2]) for r in range(world))
-    return plan.TokenInterrupt(topology, positions, turns, finished)
 
 
 def merge_token_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One state from the ``state_dict()`` of every rank of a token loader whose ranks are not
     one torch.distributed group (each then holds only its own positions).
 
-    Raises ValueError when the states are of different selections, epochs or runs."""
+    Raises ValueError when the states are of different selections, epochs or runs, or not
+    token loader states (``load_state_dict`` checks the merged state field by field)."""
     if not states:
         raise ValueError("merge_token_states needs at least one state")
+    for k, state in enumerate(states):
+        if not isinstance(state, dict) or not isinstance(state.get("interrupts"), list):
+            raise ValueError(f"states[{k}] is not a token loader state")
     first = states[0]
     for state in states:
         if {k: v for k, v in state.items() if k != "interrupts"} != {
@@ -541,13 +617,21 @@ def merge_token_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
             raise ValueError("These token loader states come from different runs")
     if not first["interrupts"]:
         return dict(first)
-    last = [*first["interrupts"][-1][:4], []]
     seen: dict[int, list[int]] = {}
-    for state in states:
-        entry = state["interrupts"][-1]
+    last: list[Any] = []
+    for k, state in enumerate(states):
+        entry = checks.items(state["interrupts"][-1], f"states[{k}] interrupts[-1]", 5, exactly=5)
+        if not last:
+            last = [*entry[:4], []]
         if entry[:4] != last[:4] or state["interrupts"][:-1] != first["interrupts"][:-1]:
             raise ValueError("These token loader states come from different runs")
-        for rank_entry in entry[4]:
-            seen[rank_entry[0]] = rank_entry
+        ranks = checks.items(entry[4], f"states[{k}] interrupts[-1][4]", checks.MAX_WORLD_SIZE)
+        for j, rank_entry in enumerate(ranks):
+            where = f"states[{k}] interrupts[-1][4][{j}]"
+            checks.items(rank_entry, where, 3 + 2 * checks.MAX_WORKERS)
+            if not rank_entry:
+                raise ValueError(f"Invalid loader state: {where} is empty")
+            rank = checks.integer(rank_entry[0], f"{where}[0] (rank)", 0, checks.MAX_WORLD_SIZE - 1)
+            seen[rank] = rank_entry
     last[4] = [seen[rank] for rank in sorted(seen)]
     return {**first, "interrupts": [*first["interrupts"][:-1], last]}
