@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use syvain_core::caller::next_chunk;
 use syvain_core::error::NativeError;
+use syvain_core::process_bound::ProcessBound;
 use syvain_core::stream::StreamReader;
 
 use crate::caller::PythonCaller;
@@ -13,7 +14,8 @@ use crate::error::BindingResult;
 /// Chunks of one object, resumed across transient failures. Iterate for `bytes` chunks.
 #[pyclass(module = "syvain_training_data._native")]
 pub struct ObjectStream {
-    reader: Option<StreamReader>,
+    /// Bound to this process: a forked child never touches the parent's stream.
+    reader: Option<ProcessBound<StreamReader>>,
     /// The unread tail of a chunk that `read(size)` split.
     pending: Option<Bytes>,
 }
@@ -21,7 +23,7 @@ pub struct ObjectStream {
 impl ObjectStream {
     pub fn new(reader: StreamReader) -> Self {
         Self {
-            reader: Some(reader),
+            reader: Some(ProcessBound::new(reader)),
             pending: None,
         }
     }
@@ -29,7 +31,8 @@ impl ObjectStream {
     fn reader(&mut self) -> Result<&mut StreamReader, NativeError> {
         self.reader
             .as_mut()
-            .ok_or_else(|| NativeError::Config("the stream is closed".into()))
+            .ok_or_else(|| NativeError::Config("the stream is closed".into()))?
+            .in_this_process("stream")
     }
 }
 
@@ -95,29 +98,44 @@ impl ObjectStream {
 
     #[getter]
     fn uri(&self) -> Option<String> {
-        self.reader.as_ref().map(|r| r.uri().to_string())
+        self.reader
+            .as_ref()
+            .and_then(ProcessBound::get)
+            .map(|r| r.uri().to_string())
     }
 
     #[getter]
     fn size(&self) -> Option<u64> {
-        self.reader.as_ref().map(|r| r.size())
+        self.reader
+            .as_ref()
+            .and_then(ProcessBound::get)
+            .map(|r| r.size())
     }
 
     /// Bytes handed to the consumer so far.
     #[getter]
     fn position(&self) -> Option<u64> {
-        self.reader.as_ref().map(|r| r.position())
+        self.reader
+            .as_ref()
+            .and_then(ProcessBound::get)
+            .map(|r| r.position())
     }
 
     /// Bytes downloaded ahead of the consumer, bounded by READAHEAD_BYTES.
     #[getter]
     fn buffered_bytes(&self) -> Option<usize> {
-        self.reader.as_ref().map(|r| r.buffered_bytes())
+        self.reader
+            .as_ref()
+            .and_then(ProcessBound::get)
+            .map(|r| r.buffered_bytes())
     }
 
     /// Transient failures the stream resumed from so far.
     #[getter]
     fn resumes(&self) -> Option<u32> {
-        self.reader.as_ref().map(|r| r.resumes())
+        self.reader
+            .as_ref()
+            .and_then(ProcessBound::get)
+            .map(|r| r.resumes())
     }
 }

@@ -13,6 +13,7 @@ use tokio::task::JoinHandle;
 use crate::classify::{first_line, StoreFailure};
 use crate::error::NativeError;
 use crate::policy::{self, Budget};
+use crate::process_bound::ProcessBound;
 use crate::runtime::{fork_guard, runtime, SIGNAL_POLL};
 use crate::stream::{Received, StreamReader};
 use crate::warnings;
@@ -49,9 +50,10 @@ impl Caller for Uninterrupted {
 const CLEANUP_GRACE: Duration = Duration::from_secs(10);
 
 /// Cleanup requests started by a cancelled operation, for `wait` to let finish.
-static CLEANUPS: Mutex<Vec<JoinHandle<()>>> = Mutex::new(Vec::new());
+/// A forked child leaks the parent's (they belong to the parent's runtime).
+static CLEANUPS: Mutex<Vec<ProcessBound<JoinHandle<()>>>> = Mutex::new(Vec::new());
 
-fn lock_cleanups() -> std::sync::MutexGuard<'static, Vec<JoinHandle<()>>> {
+fn lock_cleanups() -> std::sync::MutexGuard<'static, Vec<ProcessBound<JoinHandle<()>>>> {
     CLEANUPS.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -67,8 +69,8 @@ where
     let task = handle.spawn(future);
     let _no_fork = fork_guard();
     let mut cleanups = lock_cleanups();
-    cleanups.retain(|task| !task.is_finished());
-    cleanups.push(task);
+    cleanups.retain(|task| task.get().is_some_and(|task| !task.is_finished()));
+    cleanups.push(ProcessBound::new(task));
 }
 
 /// Runs `future` on the process runtime while the caller waits; an interruption aborts it.
@@ -98,6 +100,8 @@ where
                                 let _no_fork = fork_guard();
                                 std::mem::take(&mut *lock_cleanups())
                             };
+                            let cleanups =
+                                cleanups.into_iter().filter_map(ProcessBound::into_inner);
                             let all = futures::future::join_all(cleanups);
                             let _ = tokio::time::timeout(CLEANUP_GRACE, all).await;
                         })

@@ -10,6 +10,7 @@ pub mod download;
 pub mod error;
 pub mod local_file;
 pub mod policy;
+pub mod process_bound;
 pub mod runtime;
 pub mod source;
 pub mod storage;

@@ -13,13 +13,15 @@ use crate::classify::{classify_store_error, StoreFailure};
 use crate::error::{refuse_special_file, NativeError, NativeResult};
 use crate::local_file::LocalShardSource;
 use crate::policy;
+use crate::process_bound::ProcessBound;
 use crate::runtime::fork_guard;
 use crate::source::ByteSource;
 use crate::store::{build_store, endpoint_for, Location, StoreConfig};
 use crate::stream::{StoreFactory, StreamReader, StreamRequest};
 
-/// Stores built in this process, by bucket; rebuilt after a fork (their pools are not shared).
-type StoreCache = Mutex<HashMap<String, (u32, Arc<dyn ObjectStore>)>>;
+/// Stores built in this process, by bucket. A forked child builds its own and leaks the
+/// parent's (their pools may hold locks taken by the parent's threads: see [`ProcessBound`]).
+type StoreCache = Mutex<HashMap<String, ProcessBound<Arc<dyn ObjectStore>>>>;
 
 /// A storage client. Holds credentials; its `Debug` never shows the secret.
 #[derive(Debug)]
@@ -47,15 +49,12 @@ impl Storage {
     /// The store for `location`'s bucket: this process's pooled one, or a new one when `fresh`
     /// (a retry after a failure, whose old connections may be what failed).
     pub fn store(&self, location: &Location, fresh: bool) -> NativeResult<Arc<dyn ObjectStore>> {
-        let pid = std::process::id();
         let key = location.store_key();
         if !fresh {
             let _no_fork = fork_guard();
             let stores = self.stores.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some((owner, store)) = stores.get(&key) {
-                if *owner == pid {
-                    return Ok(store.clone());
-                }
+            if let Some(store) = stores.get(&key).and_then(ProcessBound::get) {
+                return Ok(store.clone());
             }
         }
         // Built outside the lock: a fork while the lock is held would leave it held forever in
@@ -63,7 +62,8 @@ impl Storage {
         let store = build_store(&self.config, location, &policy::current())?;
         let _no_fork = fork_guard();
         let mut stores = self.stores.lock().unwrap_or_else(|p| p.into_inner());
-        stores.insert(key, (pid, store.clone()));
+        // Replacing an inherited store leaks it rather than dropping it.
+        stores.insert(key, ProcessBound::new(store.clone()));
         Ok(store)
     }
 

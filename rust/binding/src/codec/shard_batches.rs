@@ -12,6 +12,7 @@ use syvain_core::codec::columnar::{
 };
 use syvain_core::codec::{shard_error, RecordRange, ShardFormat};
 use syvain_core::error::NativeError;
+use syvain_core::process_bound::ProcessBound;
 use syvain_core::source::ByteSource;
 
 use super::arrow_batch::{IntBuffer, ShardBatch};
@@ -29,8 +30,9 @@ use crate::error::BindingResult;
 pub struct ShardBatchReader {
     format: ShardFormat,
     uri: String,
-    /// Behind a mutex only because a pyclass must be `Sync`.
-    receiver: Option<Mutex<Receiver<Message>>>,
+    /// Behind a mutex only because a pyclass must be `Sync`; bound to this process, so a
+    /// forked child never touches the parent's decoder channel.
+    receiver: Option<ProcessBound<Mutex<Receiver<Message>>>>,
     invalid_lines: InvalidLines,
 }
 
@@ -48,16 +50,17 @@ impl ShardBatchReader {
         Ok(Self {
             format,
             uri,
-            receiver: Some(Mutex::new(receiver)),
+            receiver: Some(ProcessBound::new(Mutex::new(receiver))),
             invalid_lines: InvalidLines::default(),
         })
     }
 
     /// Waits for the decoder thread without the GIL, checking for Ctrl-C in between.
-    fn receive(&self, py: Python<'_>) -> BindingResult<Option<Message>> {
-        let Some(receiver) = &self.receiver else {
+    fn receive(&mut self, py: Python<'_>) -> BindingResult<Option<Message>> {
+        let Some(receiver) = &mut self.receiver else {
             return Ok(None);
         };
+        let receiver = &*receiver.in_this_process("shard batch reader")?;
         match receive(&PythonCaller(py), receiver)? {
             Some(message) => Ok(Some(message)),
             None => Err(self.error("decoder thread stopped unexpectedly").into()),

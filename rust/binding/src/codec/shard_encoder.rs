@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use syvain_core::codec::compress::{Serialized, ShardCompressor};
 use syvain_core::codec::ShardFormat;
+use syvain_core::process_bound::ProcessBound;
 
 use super::{json_write, msgpack_write};
 use crate::caller::PythonCaller;
@@ -18,16 +19,22 @@ use crate::error::{BindingError, BindingResult};
 /// Writes one shard.
 #[pyclass(module = "syvain_training_data._native")]
 pub struct ShardEncoder {
-    compressor: ShardCompressor,
+    /// Bound to this process: a forked child never joins the parent's compressor threads.
+    compressor: ProcessBound<ShardCompressor>,
+    format: ShardFormat,
     records: u64,
     bytes_written: u64,
 }
 
 impl ShardEncoder {
+    fn compressor(&mut self) -> BindingResult<&mut ShardCompressor> {
+        Ok(self.compressor.in_this_process("shard encoder")?)
+    }
+
     /// Serializes every record first (GIL held), so a bad record leaves nothing behind.
     fn serialize(&mut self, records: &Bound<'_, PyAny>) -> BindingResult<Serialized> {
-        let format = self.compressor.format();
-        let mut batch = self.compressor.batch();
+        let format = self.format;
+        let mut batch = self.compressor()?.batch();
         for (index, record) in records.try_iter()?.enumerate() {
             let record = record?;
             let out = &mut batch.data;
@@ -39,9 +46,10 @@ impl ShardEncoder {
                 }
             };
             if let Err(err) = written {
-                self.compressor.recycle(batch.data);
+                let compressor = self.compressor()?;
+                compressor.recycle(batch.data);
                 return Err(match err {
-                    BindingError::Core(err) => self.compressor.record_error(index, err).into(),
+                    BindingError::Core(err) => compressor.record_error(index, err).into(),
                     python => python,
                 });
             }
@@ -56,7 +64,7 @@ impl ShardEncoder {
         &mut self,
         py: Python<'py>,
         chunks: Vec<Vec<u8>>,
-    ) -> PyResult<Bound<'py, PyBytes>> {
+    ) -> BindingResult<Bound<'py, PyBytes>> {
         let total: usize = chunks.iter().map(Vec::len).sum();
         // `new_with` reports a failed allocation as the pending MemoryError; `PyBytes::new`
         // would panic on it.
@@ -68,14 +76,15 @@ impl ShardEncoder {
             }
             Ok(())
         });
+        let compressor = self.compressor()?;
         for chunk in chunks {
-            self.compressor.recycle(chunk);
+            compressor.recycle(chunk);
         }
         match &bytes {
             Ok(_) => self.bytes_written += total as u64,
-            Err(_) => self.compressor.lose_output(),
+            Err(_) => compressor.lose_output(),
         }
-        bytes
+        Ok(bytes?)
     }
 }
 
@@ -86,7 +95,8 @@ impl ShardEncoder {
     fn new(data_format: &str) -> BindingResult<Self> {
         let format = ShardFormat::parse(data_format)?;
         Ok(Self {
-            compressor: ShardCompressor::new(format)?,
+            compressor: ProcessBound::new(ShardCompressor::new(format)?),
+            format,
             records: 0,
             bytes_written: 0,
         })
@@ -102,22 +112,22 @@ impl ShardEncoder {
         py: Python<'py>,
         records: &Bound<'py, PyAny>,
     ) -> BindingResult<Bound<'py, PyBytes>> {
-        self.compressor.check("encode")?;
+        self.compressor()?.check("encode")?;
         let batch = self.serialize(records)?;
         let count = batch.ends.len() as u64;
-        self.compressor.submit(&PythonCaller(py), batch)?;
+        self.compressor()?.submit(&PythonCaller(py), batch)?;
         self.records += count;
         let mut out = Vec::new();
-        self.compressor.ready(&mut out)?;
-        Ok(self.hand_out(py, out)?)
+        self.compressor()?.ready(&mut out)?;
+        self.hand_out(py, out)
     }
 
     /// Waits for the compressor and returns the shard's remaining bytes (with the gzip
     /// trailer). Calling it again returns b"".
     fn finish<'py>(&mut self, py: Python<'py>) -> BindingResult<Bound<'py, PyBytes>> {
         let mut out = Vec::new();
-        self.compressor.finish(&PythonCaller(py), &mut out)?;
-        Ok(self.hand_out(py, out)?)
+        self.compressor()?.finish(&PythonCaller(py), &mut out)?;
+        self.hand_out(py, out)
     }
 
     /// Records encoded so far.
@@ -134,6 +144,6 @@ impl ShardEncoder {
 
     #[getter]
     fn data_format(&self) -> &'static str {
-        self.compressor.format().name()
+        self.format.name()
     }
 }

@@ -11,6 +11,7 @@ use syvain_core::codec::{
     count_mismatch, found_more, shard_error, RecordRange, ShardFormat, MAX_JSON_DEPTH,
 };
 use syvain_core::error::NativeError;
+use syvain_core::process_bound::ProcessBound;
 use syvain_core::source::ByteSource;
 
 use super::invalid_lines::InvalidLines;
@@ -43,7 +44,8 @@ pub struct ShardReader {
     uri: String,
     range: RecordRange,
     yielded: u64,
-    decoder: Option<Decoder>,
+    /// Bound to this process: a forked child never touches the parent's decoder.
+    decoder: Option<ProcessBound<Decoder>>,
     current: Option<Batch>,
     /// Records built by `__next__` ahead of the caller.
     ready: VecDeque<PyObject>,
@@ -76,7 +78,7 @@ impl ShardReader {
             uri,
             range,
             yielded: 0,
-            decoder: Some(decoder),
+            decoder: Some(ProcessBound::new(decoder)),
             current: None,
             ready: VecDeque::new(),
             state: State::Open,
@@ -207,6 +209,7 @@ impl ShardReader {
         let Some(decoder) = self.decoder.as_mut() else {
             return Err(self.error(stopped()).into());
         };
+        let decoder = decoder.in_this_process("shard reader")?;
         match decoder.next(&PythonCaller(py))? {
             Some(message) => Ok(message),
             None => Err(self.error(stopped()).into()),
