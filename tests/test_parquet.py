@@ -10,6 +10,7 @@ import hashlib
 import io
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import threading
@@ -25,7 +26,7 @@ import pytest
 
 from seaweed import config_for
 from syvain_training_data import ManifestShard, ObjectChangedError, _native, storage
-from syvain_training_data.formats import parquet
+from syvain_training_data.formats import parquet, parquet_bounds
 from syvain_training_data.formats.parquet import (
     ParquetWriteResult,
     iter_parquet_shard,
@@ -798,3 +799,61 @@ def test_a_killed_reader_leaves_no_temporary_file(seaweed, s3_bucket, unique_pre
         process.communicate()
     assert process.returncode == -signal.SIGKILL
     assert list(temp.iterdir()) == []
+
+
+# --- decoded-size bounds (hostile shards) -----------------------------------------------------
+
+
+def dictionary_bomb(rows: int, value_bytes: int = 1 << 20, columns: str = "abcd") -> bytes:
+    """A shard of a few KiB whose columns each reference one large dictionary value from every
+    row: ``rows * len(columns) * value_bytes`` bytes once decoded."""
+    value = pa.array(["a" * value_bytes])
+    indices = pa.array([0] * rows, pa.int32())
+    bomb = pa.table({name: pa.DictionaryArray.from_arrays(indices, value) for name in columns})
+    buffer = io.BytesIO()
+    # No stored Arrow schema: the columns read as plain strings, as from a writer of another
+    # language (an Arrow schema in the file would ask for dictionary columns).
+    pq.write_table(bomb, buffer, compression="zstd", use_dictionary=True, store_schema=False)
+    return buffer.getvalue()
+
+
+def test_a_dictionary_bomb_reads_in_bounded_memory(tmp_path):
+    """1,024 rows x 4 columns referencing one 1 MiB value: 4 GiB decoded, read in pieces of
+    at most 64 MiB of values (before: one 4 GiB batch, 8.3 GB RSS for 4,096 rows)."""
+    data = dictionary_bomb(1024)
+    assert len(data) < 4096
+    shard = local_shard(tmp_path, data, 1024)
+    script = f"""
+import resource
+from syvain_training_data import ManifestShard
+from syvain_training_data.formats.parquet import iter_parquet_batches
+shard = ManifestShard.model_validate_json({shard.model_dump_json()!r})
+rows = 0
+for batch in iter_parquet_batches(shard, batch_size=8192):
+    assert batch.schema.field("a").type == "string", batch.schema
+    assert batch.column("d")[0].as_py() == "a" * (1 << 20)
+    rows += batch.num_rows
+print(rows, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    rows, peak_mib = map(int, done.stdout.split())
+    assert rows == 1024
+    assert peak_mib < 1024, f"peak RSS {peak_mib} MiB"
+
+
+def test_rows_of_a_dictionary_bomb_come_out_whole_and_in_order(tmp_path, monkeypatch):
+    monkeypatch.setattr(parquet_bounds, "PIECE_BYTES", 3 * 1024)  # pieces of 3 rows x 1 KiB
+    data = dictionary_bomb(10, value_bytes=1024, columns="a")
+    rows = list(iter_shard("parquet", local_shard(tmp_path, data, 10)))
+    assert rows == [{"a": "a" * 1024}] * 10
+
+
+def test_a_row_over_the_record_limit_is_an_error_naming_the_shard(tmp_path, monkeypatch):
+    monkeypatch.setattr(parquet_bounds, "MAX_ROW_BYTES", 3 * 1024)
+    data = dictionary_bomb(4, value_bytes=1024)  # 4 KiB per row
+    shard = local_shard(tmp_path, data, 4)
+    with pytest.raises(RuntimeError, match=r"Unreadable parquet shard file://.*over the limit"):
+        list(iter_shard("parquet", shard))

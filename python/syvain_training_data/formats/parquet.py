@@ -29,7 +29,10 @@ Reader (:func:`iter_parquet_shard`)
     Rust from the Arrow buffers (``_native.rows_from_arrow``) with exactly the values
     ``pyarrow.Table.to_pylist`` gives, in file order, never more than the manifest's
     ``records``. Memory stays bounded by a few decoded batches plus pyarrow's buffers for one
-    row group.
+    row group, whatever the file declares: top-level byte-array columns stay dictionary-encoded
+    while pyarrow decodes, and each batch is handed on in pieces of at most 64 MiB of values
+    (a row over 1 GiB is an error), so a few KiB of dictionary references cannot expand to
+    gigabytes at once (:mod:`syvain_training_data.formats.parquet_bounds`).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from typing import IO, Any, Final
 
 from syvain_training_data import _native, storage
 from syvain_training_data.errors import ObjectChangedError, ObjectDataError, ShardDataError
+from syvain_training_data.formats import parquet_bounds
 from syvain_training_data.manifest import ManifestShard
 from syvain_training_data.storage import StorageConfig
 from syvain_training_data.uris import FILE_PREFIX, file_path, portable_etag
@@ -649,16 +653,40 @@ def _arrow_batches(
     ``batch_rows`` rows (None: about DECODE_BATCH_BYTES each), decoding only the file's
     columns among ``columns`` (None: all): whole row groups before ``start`` are skipped from
     the metadata, undecoded; pyarrow errors become RuntimeError."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     try:
         parquet = pq.ParquetFile(source)
+        plain_schema = parquet.schema_arrow
+        encoded = parquet_bounds.dictionary_columns(parquet)
+        if encoded:  # opened again, its byte-array columns kept dictionary-encoded
+            parquet.close()
+            parquet = pq.ParquetFile(source, read_dictionary=encoded)
     except Exception as error:
         raise _unreadable(uri, error) from error
+
+    def oversized(row: int, size: int) -> ShardDataError:
+        return _unreadable(
+            uri,
+            f"a row decodes to {size} bytes, over the limit of "
+            f"{parquet_bounds.MAX_ROW_BYTES} bytes per record",
+        )
+
     with contextlib.closing(parquet):
         try:
             groups, skip = _row_groups_from(parquet.metadata, start)
             if not groups:
                 return
             rows = batch_rows or _decode_batch_rows(parquet)
+            # Declared list values bound a batch too: a long list costs a few bits of levels.
+            nested = parquet_bounds.values_per_row(parquet.metadata)
+            rows = max(
+                1,
+                min(
+                    rows, parquet_bounds.PIECE_BYTES // parquet_bounds.NESTED_VALUE_BYTES // nested
+                ),
+            )
             if columns is not None:
                 columns = [name for name in columns if name in parquet.schema_arrow.names]
             batches = _prefetch(
@@ -677,8 +705,9 @@ def _arrow_batches(
                 if skip >= batch.num_rows:
                     skip -= batch.num_rows
                     continue
-                yield batch.slice(skip) if skip else batch
+                batch = batch.slice(skip) if skip else batch
                 skip = 0
+                yield from parquet_bounds.bounded_pieces(pa, pc, batch, plain_schema, oversized)
 
 
 def _row_groups_from(metadata: Any, start: int) -> tuple[list[int], int]:
