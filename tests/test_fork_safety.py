@@ -93,7 +93,9 @@ def _wait(pid: int, deadline: float) -> int | None:
     return None
 
 
-def _fork_many(count: int, child: Callable[[int], None]) -> tuple[int, list[int]]:
+def _fork_many(
+    count: int, child: Callable[[int], None], deadline_s: float = CHILD_DEADLINE_S
+) -> tuple[int, list[int]]:
     """Forks ``count`` children one after another, each running ``child(number)`` then exiting.
 
     Returns (children that hung, exit codes of children that failed)."""
@@ -112,7 +114,7 @@ def _fork_many(count: int, child: Callable[[int], None]) -> tuple[int, list[int]
                 traceback.print_exc()
                 code = 3
             os._exit(code)
-        code = _wait(pid, time.monotonic() + CHILD_DEADLINE_S)
+        code = _wait(pid, time.monotonic() + deadline_s)
         if code is None:
             hung += 1
         elif code != 0:
@@ -172,3 +174,29 @@ def test_dataloader_workers_fork_while_the_parent_reads(busy_parent):
             warnings.simplefilter("ignore", DeprecationWarning)
             total = sum(len(batch) for batch in loader.load("train", seed=0))
         assert total == SHARDS * RECORDS_PER_SHARD
+
+
+def test_a_child_drops_an_inherited_shard_encoder_without_joining_its_thread():
+    """An encoder's compressor thread exists only in the parent: dropping the encoder in the
+    child used to join that thread, a Rust panic inside the interpreter's deallocation. The
+    child leaks it instead, refuses to use an inherited one, and encodes afresh."""
+    from syvain_training_data import _native
+
+    encoder = _native.ShardEncoder("jsonl.gz")
+    encoder.encode([{"i": i, "text": "x" * 100} for i in range(2000)])
+    kept = _native.ShardEncoder("msgpack.zstf")
+
+    def child(number: int) -> None:
+        nonlocal encoder
+        del encoder
+        gc.collect()
+        with pytest.raises(ValueError, match="opened before the process forked"):
+            kept.encode([{"i": 0}])
+        fresh = _native.ShardEncoder("msgpack.zstf")
+        fresh.encode([{"i": number}])
+        assert fresh.finish()
+
+    hung, failed = _fork_many(2, child, deadline_s=10.0)
+    assert (hung, failed) == (0, [])
+    assert encoder.finish()  # the parent's own encoders are untouched
+    kept.encode([{"i": 0}])

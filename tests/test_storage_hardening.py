@@ -405,26 +405,86 @@ def test_ctrl_c_during_a_multipart_upload_aborts_it(
     assert list_multipart_uploads(seaweed, s3_bucket, key) == []
 
 
-def dead_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
-
-
-def test_a_killed_local_writer_leaves_no_visible_staging_file(tmp_path):
+def test_abandoned_local_staging_files_are_removed_by_age_not_by_process_id(tmp_path):
+    """A staged copy is another writer's while its modification time is fresh (a writer on
+    another host has process ids this host cannot check); one untouched for an hour was left by
+    a killed writer and goes. Neither ever shows up as an object."""
     dest = tmp_path / "store" / "shards" / "000.bin"
     dest.parent.mkdir(parents=True)
-    # What a writer killed with SIGKILL in the middle of its copy leaves beside the object.
-    stale = dest.with_name(f"000.bin#{dead_pid():010}{1234:010}")
-    stale.write_bytes(b"partial")
+    abandoned = dest.with_name(f"000.bin#{1234:020}")
+    abandoned.write_bytes(b"partial")
+    two_hours_ago = time.time() - 2 * 3600
+    os.utime(abandoned, (two_hours_ago, two_hours_ago))
+    in_progress = dest.with_name(f"001.bin#{5678:020}")
+    in_progress.write_bytes(b"being written elsewhere")
     assert storage.list_objects(f"file://{tmp_path}/store/") == []
     source = tmp_path / "source.bin"
     source.write_bytes(b"complete")
     client = storage.native_storage(StorageConfig())
     _native.put_file(client, f"file://{dest}", source, create_only=True)
-    assert not stale.exists()
-    assert sorted(p.name for p in dest.parent.iterdir()) == ["000.bin"]
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["000.bin", in_progress.name]
     assert [o.uri for o in storage.list_objects(f"file://{tmp_path}/store/")] == [f"file://{dest}"]
+
+
+STRACE = shutil.which("strace")
+
+
+@pytest.mark.parametrize("writer", ["put_object", "put_file", "saver"])
+def test_local_create_only_writes_are_flushed_before_and_after_they_are_linked(tmp_path, writer):
+    """Power loss after a commit must not leave an empty or partial object: the staged copy is
+    fsync-ed before it is linked into place, and the directory after (strace shows the calls)."""
+    assert STRACE, "this test needs strace (apt-get install strace; .ci/run installs it)"
+    root = tmp_path / "store"
+    script = textwrap.dedent(
+        f"""
+        import pathlib
+        from syvain_training_data import SyvainTrainingData, _native, storage
+        root = pathlib.Path({str(root)!r})
+        uri = f"file://{{root}}/deep/dir/object.json"
+        if {writer!r} == "put_object":
+            storage.put_object(uri, b'{{"a": 1}}', create_only=True)
+        elif {writer!r} == "put_file":
+            source = root.parent / "source.bin"
+            source.write_bytes(b"x" * 100000)
+            client = storage.native_storage(storage.LOCAL_ONLY)
+            _native.put_file(client, uri, source, create_only=True)
+        else:
+            saver = SyvainTrainingData().dataset_saver(f"file://{{root}}/m.json")
+            saver.save("train", None, [{{"i": 1}}], shard_id="a")
+            saver.commit_manifest()
+        """
+    )
+    trace = tmp_path / "trace.txt"
+    done = subprocess.run(
+        [
+            STRACE,
+            "-f",
+            "-y",
+            "-o",
+            str(trace),
+            "-e",
+            "trace=fsync,fdatasync,link,linkat",
+            sys.executable,
+            "-c",
+            script,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    calls = [line.split(None, 1)[1] for line in trace.read_text().splitlines() if str(root) in line]
+    links = [i for i, call in enumerate(calls) if call.startswith(("link(", "linkat("))]
+    assert links, calls
+    for at in links:
+        staged = calls[at].split('"')[1]
+        target_dir = os.path.dirname(calls[at].split('"')[3])
+        synced_before = [c for c in calls[:at] if c.startswith("fsync(") and staged in c]
+        synced_after = [
+            c for c in calls[at + 1 :] if c.startswith("fsync(") and f"<{target_dir}>" in c
+        ]
+        assert synced_before, (calls[at], calls[:at])
+        assert synced_after, (calls[at], calls[at + 1 :])
 
 
 # --- 8. a large single PUT keeps its memory bounded ------------------------------------------

@@ -9,6 +9,7 @@ pub mod counters;
 pub mod download;
 pub mod error;
 pub mod local_file;
+pub mod local_put;
 pub mod policy;
 pub mod process_bound;
 pub mod runtime;

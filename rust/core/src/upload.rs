@@ -17,10 +17,7 @@
 //! - A retried create-only PUT that finds the object holding exactly its bytes succeeds: the
 //!   answer to an earlier attempt that stored them was lost.
 //! - A multipart upload is aborted on any failure and when Ctrl-C cancels it.
-//! - The local directory store copies the file beside its destination (under a name listings
-//!   skip) and links it into place (create-only: a hard link fails when the name exists) or
-//!   renames it (overwrite); the staged copy is removed in every case, and one left by a killed
-//!   writer is removed when the key is written again.
+//! - The local directory store writes durably: see [`crate::local_put`].
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -31,6 +28,7 @@ use std::sync::Arc;
 use crate::caller::{spawn_cleanup, with_retries, Caller};
 use crate::classify::{classify_store_error, StoreFailure};
 use crate::error::{io_error, refuse_special_file, NativeError, NativeResult};
+use crate::local_put::{put_local, LocalSource};
 use crate::storage::Storage;
 use crate::store::Location;
 use bytes::Bytes;
@@ -72,8 +70,14 @@ pub fn put_payload<C: Caller>(
     create_only: bool,
 ) -> Result<(u64, String), C::Error> {
     let location = Location::parse(uri, false)?;
-    let path = location.object_path();
     let size = payload.content_length() as u64;
+    if let Location::File { path: dest } = &location {
+        let dest = PathBuf::from(dest);
+        caller.blocking(|| put_local(uri, &dest, LocalSource::Payload(&payload), create_only))?;
+        let (_, etag) = storage.head(caller, uri)?;
+        return Ok((size, etag));
+    }
+    let path = location.object_path();
     let owned_uri = uri.to_string();
     with_retries(caller, "PUT", uri, |retry| {
         let store = storage.store(&location, retry)?;
@@ -174,86 +178,6 @@ fn read_part(file: &mut File, size: u64) -> std::io::Result<Bytes> {
     let mut part = Vec::with_capacity(size as usize);
     file.by_ref().take(size).read_to_end(&mut part)?;
     Ok(Bytes::from(part))
-}
-
-/// Removes the staged copy however the local write ends.
-struct Staged(PathBuf);
-
-impl Drop for Staged {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// Staged copies are named `{name}#{pid:010}{token:010}`: the local store's listing skips a
-/// name whose suffix after '#' is all digits (object_store names its own staging files so), so
-/// a copy left by a killed writer never shows up as an object, and the pid tells whose it is.
-fn staging_name(dest: &FsPath) -> PathBuf {
-    let mut name = dest.as_os_str().to_owned();
-    let token: u32 = rand::random();
-    name.push(format!("#{:010}{token:010}", std::process::id()));
-    PathBuf::from(name)
-}
-
-/// Removes staged copies of `dest` whose writer process is gone (killed mid-copy).
-#[cfg(unix)]
-fn remove_stale_staging(dest: &FsPath) {
-    let (Some(dir), Some(name)) = (dest.parent(), dest.file_name()) else {
-        return;
-    };
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    let prefix = format!("{}#", name.to_string_lossy());
-    for entry in entries.flatten() {
-        let file_name = entry.file_name();
-        let Some(suffix) = file_name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
-            continue;
-        };
-        if suffix.len() != 20 || !suffix.bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        let Ok(pid) = suffix[..10].parse::<libc::pid_t>() else {
-            continue;
-        };
-        if !process_alive(pid) {
-            let _ = std::fs::remove_file(entry.path());
-        }
-    }
-}
-
-#[cfg(not(unix))]
-fn remove_stale_staging(_dest: &FsPath) {}
-
-/// Whether a process with this id exists (signal 0 checks without sending anything).
-#[cfg(unix)]
-fn process_alive(pid: libc::pid_t) -> bool {
-    // SAFETY: kill with signal 0 only asks whether the process exists.
-    let found = unsafe { libc::kill(pid, 0) } == 0;
-    found || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
-}
-
-/// The local directory store: copy beside the destination, then link (create-only) or rename.
-fn put_local_file(uri: &str, dest: &FsPath, src: &FsPath, create_only: bool) -> NativeResult<()> {
-    if let Some(parent) = dest.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| io_error("Cannot create", parent, &e))?;
-    }
-    remove_stale_staging(dest);
-    let staged = Staged(staging_name(dest));
-    std::fs::copy(src, &staged.0).map_err(|e| io_error("Cannot copy to", &staged.0, &e))?;
-    if create_only {
-        match std::fs::hard_link(&staged.0, dest) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                Err(NativeError::AlreadyExists {
-                    uri: uri.to_string(),
-                })
-            }
-            Err(e) => Err(io_error("Cannot link", dest, &e)),
-        }
-    } else {
-        std::fs::rename(&staged.0, dest).map_err(|e| io_error("Cannot rename to", dest, &e))
-    }
 }
 
 /// One whole multipart attempt: parts read from the file as they are sent, at most
@@ -429,7 +353,7 @@ pub fn put_file<C: Caller>(
     let create_only = options.create_only;
     if let Location::File { path: dest } = &location {
         let dest = PathBuf::from(dest);
-        caller.blocking(|| put_local_file(uri, &dest, path, create_only))?;
+        caller.blocking(|| put_local(uri, &dest, LocalSource::File(path), create_only))?;
         let (_, etag) = storage.head(caller, uri)?;
         return Ok((size, etag));
     }
