@@ -759,3 +759,169 @@ def test_bench_usage_errors(tmp_path):
     for seconds in ("0", "-1", "nan", "soon"):
         result = run("bench", manifest_uri, "--seconds", seconds)
         assert result.code == 2 and "--seconds" in result.err
+
+
+# --------------------------------------------------------------------------------------------
+# Terminal escape injection: values from manifests are printed with control characters escaped
+# --------------------------------------------------------------------------------------------
+
+EVIL = "\x1b[31mred\x1b]0;title\x07\r\n\u202eevil\x9b2J\x7f\u2066\x00\t"
+# What may reach the terminal: printable text and the line breaks the CLI itself writes.
+UNSAFE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def test_manifest_values_are_printed_with_control_characters_escaped(tmp_path):
+    from syvain_training_data.cli.output import printable
+
+    assert printable(EVIL) == (
+        "\\x1b[31mred\\x1b]0;title\\x07\\r\\n\\u202eevil\\x9b2J\\x7f\\u2066\\x00\\t"
+    )
+    assert printable(printable(EVIL)) == printable(EVIL)
+    local = file_store(tmp_path / "store")
+    saved = publish(local, data_format="jsonl.gz")
+    real = local.client.load_manifest(saved).splits["val"].shards[0]
+    evil_shard = {"uri": f"{local.root}/part{EVIL}.jsonl.gz", "records": 1, "size_bytes": 9}
+    good_shard = real.model_dump()
+    manifest_uri = f"{local.root}/evil.json"
+    local.client.save_manifest(
+        manifest_uri,
+        {
+            "version": 1,
+            "data_format": "jsonl.gz",
+            "splits": {
+                f"split{EVIL}": {
+                    "records": 1 + real.records,
+                    "shards": [good_shard, evil_shard],
+                    "curriculum": {
+                        f"stage{EVIL}": {
+                            "records": 1,
+                            "shards": [evil_shard],
+                            "metadata": {f"key{EVIL}": f"value{EVIL}", "weight": 1},
+                        }
+                    },
+                }
+            },
+        },
+    )
+    results = {
+        "inspect": run("inspect", manifest_uri),
+        "verify": run("verify", manifest_uri),
+        "verify --deep": run("verify", "--deep", "--progress", manifest_uri),
+        "head": run("head", "-n", "1000", manifest_uri),
+        "head --stage": run("head", "--stage", "nope", manifest_uri),
+        "head --split": run("head", "--split", "nope", manifest_uri),
+        "cp": run("cp", "--with-shards", manifest_uri, str(tmp_path / "copy") + "/"),
+        "debug": run("head", "--debug", "-n", "1000", manifest_uri),
+    }
+    for command, result in results.items():
+        for text in (result.out, result.err):
+            assert not UNSAFE.findall(text), (command, text)
+    shown = printable(EVIL)
+    assert f"split{shown}" in results["inspect"].out
+    assert f"stage{shown}" in results["inspect"].out
+    assert f"available splits: split{shown}" in results["head --split"].err
+    first_line = printable(EVIL.split("\n")[0])  # an error's message is cut at its first "\n"
+    assert f"part{first_line}" in results["verify"].err and results["verify"].code == 1
+    assert f"part{first_line}" in results["head"].err and results["head"].code == 1
+    assert "Traceback" in results["debug"].err
+    # Records are JSON lines whose control characters are JSON escapes (DEL included).
+    records = [json.loads(line) for line in results["head"].out.splitlines()]
+    assert len(records) == real.records
+
+
+def test_log_lines_are_escaped():
+    import logging
+
+    from syvain_training_data.cli.output import EscapingFormatter
+
+    formatter = EscapingFormatter("%(levelname)s %(message)s")
+    record = logging.LogRecord("x", logging.WARNING, __file__, 1, "GET %s", (EVIL,), None)
+    line = formatter.format(record)
+    assert "\n" not in line and not UNSAFE.findall(line)
+    assert line.startswith("WARNING GET \\x1b[31mred")
+
+
+# --------------------------------------------------------------------------------------------
+# cp --with-shards verifies before it writes and leaves nothing behind on failure
+# --------------------------------------------------------------------------------------------
+
+
+def _corrupt(store: Store, manifest_uri: str, how: str) -> Any:
+    """Corrupts train-0 in place, keeping its size: ``header`` breaks its first frame length
+    (and removes its descriptor, so only decoding can tell); ``swap`` gives it the bytes of
+    train-1 (same size, decodes cleanly: only the descriptor's sha256 can tell). An s3:// shard's
+    etag is dropped from the manifest, so that the etag check cannot catch it first."""
+    manifest = store.client.load_manifest(manifest_uri)
+    victim, donor = manifest.splits["train"].shards[:2]
+    assert (
+        victim.uri.endswith("part-train-0.msgpack.zstf") and victim.size_bytes == donor.size_bytes
+    )
+    data = storage.get_object(victim.uri, storage_config=store.config)
+    if how == "header":
+        bad = b"\xff" * 8 + data[8:]
+        storage.delete_object(victim.uri + ".metadata.json", storage_config=store.config)
+    else:
+        bad = storage.get_object(donor.uri, storage_config=store.config)
+    assert len(bad) == len(data) and bad != data
+    storage.delete_object(victim.uri, storage_config=store.config)
+    storage.put_object(victim.uri, bad, storage_config=store.config)
+    if store.kind == "s3":
+
+        def drop_etag(document: dict[str, Any]) -> None:
+            for shards in every_shard_list(document):
+                for shard in shards:
+                    if shard["uri"] == victim.uri:
+                        shard["etag"] = ""
+
+        tamper(store, manifest_uri, drop_etag)
+    return victim
+
+
+@pytest.mark.parametrize("how", ["header", "swap"])
+@pytest.mark.parametrize(
+    ("source_kind", "destination_kind"), [("file", "file"), ("file", "s3"), ("s3", "file")]
+)
+def test_cp_with_shards_writes_nothing_for_a_corrupted_source_shard(
+    seaweed, s3_bucket, unique_prefix, tmp_path, source_kind, destination_kind, how
+):
+    stores = {
+        "s3": s3_store(seaweed, s3_bucket, unique_prefix),
+        "file": file_store(tmp_path / "local"),
+    }
+    source, destination = stores[source_kind], stores[destination_kind]
+    manifest_uri = publish(source)
+    victim = _corrupt(source, manifest_uri, how)
+    copied_manifest = f"{destination.root}/copied/data-manifest.json"
+    target = copy_layout(manifest_uri, copied_manifest, victim.uri)
+    for attempt in range(2):  # a re-run meets nothing it could take for a good copy
+        result = run(
+            "cp", "--with-shards", "--jobs", "1", manifest_uri, copied_manifest, env=seaweed.env()
+        )
+        assert result.code == 1, (attempt, result.out, result.err)
+        assert f"ShardDataError: Unreadable msgpack.zstf shard {victim.uri}: " in result.err
+        reason = "invalid frame length" if how == "header" else "completion descriptor"
+        assert reason in result.err
+        with pytest.raises(FileNotFoundError):
+            storage.head_object(target, storage_config=destination.config)
+        with pytest.raises(FileNotFoundError):
+            storage.head_object(copied_manifest, storage_config=destination.config)
+
+
+def test_cp_with_shards_deletes_a_copy_that_fails_its_read_back(tmp_path, monkeypatch):
+    from syvain_training_data.publish import upload
+
+    local = file_store(tmp_path / "local")
+    manifest_uri = publish(local)
+    written: list[str] = []
+
+    def wrong_digest(uri: str, size: int, etag: str, config: Any) -> str:
+        written.append(uri)
+        return "0" * 64
+
+    monkeypatch.setattr(upload, "stream_sha256", wrong_digest)
+    result = run("cp", "--with-shards", manifest_uri, f"{local.root}/copied/")
+    assert result.code == 1 and "the copy's sha256 differs" in result.err
+    assert written  # every copy written was read back, then deleted
+    for uri in written:
+        with pytest.raises(FileNotFoundError):
+            storage.head_object(uri, storage_config=local.config)

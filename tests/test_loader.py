@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import subprocess
 import sys
-import time
+import threading
 import uuid
 from collections import Counter
 from typing import Any
@@ -22,6 +23,8 @@ from syvain_training_data.loading.dataset import ShardDataset  # noqa: E402
 from syvain_training_data.loading.split_loader import SplitDataLoader  # noqa: E402
 
 SHARD_RECORDS = [5, 9, 3, 7, 4, 6, 8]  # 42 records in 7 shards
+# A wait for an event that must come: only a guard against a hang, never a measure of speed.
+HANG_GUARD_S = 60.0
 
 
 def as_list(batch: list[Any]) -> list[Any]:
@@ -444,18 +447,27 @@ def test_next_shard_is_requested_before_the_current_one_ends(local_dataset, monk
 
     client, uri = local_dataset
     events: list[str] = []
+    opened = {name: threading.Event() for name in ("part-001.msgpack.zstf",)}
     real_iter_shard = dataset_module.iter_shard
 
     def recording_iter_shard(data_format, shard, *, storage_config, **bounds):
         name = shard.uri.rsplit("/", 1)[-1]
         events.append(f"open {name}")
+        if name in opened:
+            opened[name].set()
         yield from real_iter_shard(data_format, shard, storage_config=storage_config, **bounds)
+        if name == "part-000.msgpack.zstf":
+            # The current shard ends only once the next one was requested, which only a
+            # request made in the background while this one is read can do (no timing: the
+            # wait is a hang guard; a loader that requests the next shard only after this one
+            # ends fails here).
+            assert opened["part-001.msgpack.zstf"].wait(HANG_GUARD_S), "never requested"
         events.append(f"end {name}")
 
     monkeypatch.setattr(dataset_module, "iter_shard", recording_iter_shard)
     dataset = client.split_data_loader(uri, as_list).load("train", "easy").dataset
     for _ in dataset:
-        time.sleep(0.01)  # a slow consumer: the prefetch thread gets to run
+        pass
     assert events.index("open part-001.msgpack.zstf") < events.index("end part-000.msgpack.zstf")
     assert events.index("open part-002.msgpack.zstf") > events.index("end part-000.msgpack.zstf")
 
@@ -556,6 +568,71 @@ def test_mixing_argument_errors(mix_dataset, local_dataset):
     no_weights = local_client.split_data_loader(local_uri, as_list)
     with pytest.raises(ValueError, match="'easy' needs a positive finite weight, got None"):
         no_weights.load("train", curriculum_stages=["easy", "hard"], mixing_weights="metadata")
+
+
+def _mix_manifest(weights: dict[str, Any]) -> Any:
+    """A manifest of two stages whose metadata hold ``weights`` (shards never read)."""
+    from syvain_training_data import DataManifest
+
+    shards = {
+        stage: {"uri": f"file:///nowhere/{stage}.jsonl.gz", "records": 10, "size_bytes": 100}
+        for stage in weights
+    }
+    return DataManifest.model_validate(
+        {
+            "version": 1,
+            "data_format": "jsonl.gz",
+            "splits": {
+                "train": {
+                    "records": 10 * len(weights),
+                    "shards": list(shards.values()),
+                    "curriculum": {
+                        stage: {"records": 10, "shards": [shards[stage]], "metadata": {"weight": w}}
+                        for stage, w in weights.items()
+                    },
+                }
+            },
+        },
+        strict=True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("weights", "bad_stage", "shown"),
+    [
+        ({"a": 1e308, "b": 1e-308}, "b", "1e-308"),
+        ({"a": 1e308, "b": 1e308}, "a", "1e+308"),
+        ({"a": 1.7e308, "b": 1.7e308, "c": 1.0}, "a", "1.7e+308"),
+        ({"a": 1, "b": 10**400}, "b", "1329 bits"),
+        ({"a": 10**300, "b": 1}, "b", "1.0"),
+        ({"a": True, "b": 1}, "a", "True"),
+        ({"a": 1, "b": 0}, "b", "0"),
+        ({"a": -2.5, "b": 1}, "a", "-2.5"),
+        ({"a": 1, "b": "1"}, "b", "'1'"),
+        ({"a": 1, "b": None}, "b", "None"),
+    ],
+)
+def test_extreme_metadata_mixing_weights_are_value_errors_naming_stage_and_weight(
+    weights, bad_stage, shown
+):
+    loader = SplitDataLoader(_mix_manifest(weights), as_list)
+    stages = list(weights)
+    for mixing_weights in ("metadata", dict(weights)):
+        with pytest.raises(ValueError, match=f"stage {bad_stage!r}") as info:
+            iter(loader.load("train", curriculum_stages=stages, mixing_weights=mixing_weights))
+        assert shown in str(info.value) and len(str(info.value)) < 300
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+def test_non_finite_mapping_mixing_weights_are_value_errors(bad):
+    loader = SplitDataLoader(_mix_manifest({"a": 1, "b": 2}), as_list)
+    with pytest.raises(ValueError, match=f"stage 'b' needs a positive finite weight, got {bad!r}"):
+        loader.load("train", curriculum_stages=["a", "b"], mixing_weights={"a": 1, "b": bad})
+
+
+def test_mixing_weights_far_apart_but_within_bounds_still_mix(tmp_path):
+    loader = SplitDataLoader(_mix_manifest({"a": 1e30, "b": 1e-8}), as_list)
+    loader.load("train", curriculum_stages=["a", "b"], mixing_weights="metadata")
 
 
 def test_resume_after_a_finished_pass_starts_the_next_epoch(local_dataset):

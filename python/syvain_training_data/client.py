@@ -12,9 +12,10 @@ from syvain_training_data.manifest import (
     DataManifest,
     canonical_manifest_bytes,
     parse_manifest,
+    read_manifest_bytes,
     validate_manifest,
 )
-from syvain_training_data.storage import StorageConfig, get_object, native_storage, put_object
+from syvain_training_data.storage import StorageConfig, native_storage, put_object
 
 if TYPE_CHECKING:
     from syvain_training_data.loading.split_loader import SplitDataLoader
@@ -90,10 +91,15 @@ class SyvainTrainingData:
     def load_manifest(self, uri: str) -> DataManifest:
         """Reads and validates a manifest.
 
-        Raises FileNotFoundError (no such object), PermissionError, ValueError (not UTF-8, not
-        JSON, invalid shape: the message says which and names the URI).
+        The object's size is checked with a HEAD first: a manifest over 256 MiB
+        (``manifest.MAX_MANIFEST_BYTES``) is refused before any of it is read. It is then read
+        once, into one buffer, and parsed once.
+
+        Raises FileNotFoundError (no such object), PermissionError, ValueError (too large, not
+        UTF-8, not JSON, invalid shape: the message says which and names the URI).
         """
-        return parse_manifest(get_object(uri, storage_config=self._storage_config), uri)
+        data = read_manifest_bytes(uri, storage_config=self._storage_config)
+        return parse_manifest(data, uri)
 
     def save_manifest(
         self, uri: str, manifest: DataManifest | Mapping[str, object]

@@ -46,9 +46,22 @@ Decisions taken where SPEC is silent:
   holding one could not round-trip through its canonical bytes.  For the same reason every
   string in a manifest (names, URIs, etags, metadata keys and values) must be encodable as
   UTF-8: a lone surrogate, which a ``"\\ud800"`` JSON escape can produce, is rejected.
-- **Integers have at most 4300 digits**, Python's default limit for converting between int and
-  str (``sys.int_info.default_max_str_digits``): ``json.loads`` could not read a longer one
-  back from the canonical bytes.
+- **Counts and sizes are below 2**63** (:data:`MAX_COUNT` is ``2**63 - 1``): every shard's
+  ``records`` and ``size_bytes`` and every split's and stage's ``records``, and so the sum of a
+  split's (or a stage's) shard records, which must equal its ``records``; the sum of a split's
+  shard ``size_bytes`` is capped the same way.  No real dataset comes near (2**63 bytes is
+  8 EiB), every other implementation's signed 64-bit counters hold them, and the loader's
+  planning stays bounded: a count of thousands of digits is rejected at parse time instead of
+  making a reader plan or mix with it.
+- **A manifest is at most 256 MiB** (:data:`MAX_MANIFEST_BYTES`).  :func:`read_manifest_bytes`
+  (what ``load_manifest``, the loader, the Ray datasource, the saver and the command line
+  use) checks the object's size with a HEAD before it reads a byte, then reads it once into one
+  buffer; :func:`parse_manifest` refuses longer bytes too.  A shard entry takes about 270
+  bytes of canonical JSON (a split's listing and each stage's count separately), so the limit
+  holds about a million of them.
+- **Other integers (metadata) have at most 4300 digits**, Python's default limit for
+  converting between int and str (``sys.int_info.default_max_str_digits``): ``json.loads``
+  could not read a longer one back from the canonical bytes.
 - **Nesting is bounded.** A stage's ``metadata`` may nest at most
   :data:`MAX_METADATA_DEPTH` (123) objects and arrays deep, the metadata object itself
   included, so a whole manifest nests at most 128 deep: the default limit of common strict
@@ -66,8 +79,11 @@ Decisions taken where SPEC is silent:
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
+import stat
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Self, get_args
 
@@ -83,10 +99,13 @@ from pydantic import (
     model_validator,
 )
 
-from syvain_training_data.uris import check_uri
+from syvain_training_data.storage import StorageConfig, head_object, open_stream
+from syvain_training_data.uris import FILE_PREFIX, check_uri, file_path, portable_etag
 
 __all__ = [
     "DATA_FORMATS",
+    "MAX_COUNT",
+    "MAX_MANIFEST_BYTES",
     "MAX_METADATA_DEPTH",
     "DataManifest",
     "DataManifestDataFormat",
@@ -97,6 +116,7 @@ __all__ = [
     "ManifestShard",
     "canonical_manifest_bytes",
     "parse_manifest",
+    "read_manifest_bytes",
     "validate_manifest",
 ]
 
@@ -132,9 +152,13 @@ def _require_int_digits(value: int) -> int:
     return value
 
 
+MAX_COUNT = 2**63 - 1
+"""The largest ``records`` or ``size_bytes`` a manifest may hold (also the largest sum of a
+split's shard sizes): counts and sizes are below 2**63."""
+
 _Text = Annotated[str, AfterValidator(_require_utf8)]
 _Int = Annotated[int, Field(strict=True), AfterValidator(_require_int_digits)]
-_PositiveInt = Annotated[int, Field(strict=True, gt=0), AfterValidator(_require_int_digits)]
+_Count = Annotated[int, Field(strict=True, gt=0, le=MAX_COUNT)]
 _FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 
 
@@ -248,30 +272,30 @@ def _check_records_sum(records: int, shards: list[ManifestShard]) -> None:
 class ManifestShard(_ManifestModel):
     """One immutable shard object.
 
-    Fields: ``uri`` (``s3://bucket/key`` or ``file:///absolute/path``), ``records`` (int > 0),
-    ``size_bytes`` (int > 0), ``etag`` (str, default ``""``: unknown).
+    Fields: ``uri`` (``s3://bucket/key`` or ``file:///absolute/path``), ``records`` and
+    ``size_bytes`` (ints, 0 < n < 2**63), ``etag`` (str, default ``""``: unknown).
 
     Raises:
         pydantic.ValidationError: (a ValueError) on any violated rule.
     """
 
     uri: _ShardUri
-    records: _PositiveInt
-    size_bytes: _PositiveInt
+    records: _Count
+    size_bytes: _Count
     etag: _Text = ""
 
 
 class ManifestCurriculumStage(_ManifestModel):
     """A named, ordered subset of a split's shards.
 
-    Fields: ``records`` (int > 0, the sum of the shards' records), ``shards`` (at least one,
-    no repeated URI), ``metadata`` (:data:`JsonObject`, default ``{}``).
+    Fields: ``records`` (int, 0 < n < 2**63, the sum of the shards' records), ``shards`` (at
+    least one, no repeated URI), ``metadata`` (:data:`JsonObject`, default ``{}``).
 
     Raises:
         pydantic.ValidationError: (a ValueError) on any violated rule.
     """
 
-    records: _PositiveInt
+    records: _Count
     shards: list[ManifestShard]
     metadata: JsonObject = Field(default_factory=dict)
 
@@ -297,8 +321,9 @@ class ManifestCurriculumStage(_ManifestModel):
 class ManifestDatasetEntry(_ManifestModel):
     """One split: every shard of the split, and its curriculum stages.
 
-    Fields: ``records`` (int > 0, the sum of the shards' records), ``shards`` (at least one,
-    no repeated URI, including every shard of every stage), ``curriculum`` (stage name ->
+    Fields: ``records`` (int, 0 < n < 2**63, the sum of the shards' records), ``shards`` (at
+    least one, no repeated URI, including every shard of every stage, their sizes summing below
+    2**63), ``curriculum`` (stage name ->
     :class:`ManifestCurriculumStage`, default ``{}``, names non-empty).
 
     Raises:
@@ -306,7 +331,7 @@ class ManifestDatasetEntry(_ManifestModel):
             missing from ``shards`` or described differently there.
     """
 
-    records: _PositiveInt
+    records: _Count
     shards: list[ManifestShard]
     curriculum: dict[_Text, ManifestCurriculumStage] = Field(default_factory=dict)
 
@@ -324,6 +349,11 @@ class ManifestDatasetEntry(_ManifestModel):
     @model_validator(mode="after")
     def _check_entry(self) -> Self:
         _check_records_sum(self.records, self.shards)
+        size = sum(shard.size_bytes for shard in self.shards)
+        if size > MAX_COUNT:
+            raise ValueError(
+                f"the split's shards hold {size} bytes in total; at most 2**63 - 1 are allowed"
+            )
         by_uri = {shard.uri: shard for shard in self.shards}
         for stage_name, stage in self.curriculum.items():
             for shard in stage.shards:
@@ -423,6 +453,72 @@ def loads_strict_json(text: str) -> object:
         raise _StrictJsonError("JSON nesting is too deep") from None
 
 
+MAX_MANIFEST_BYTES = 256 * 1024 * 1024
+"""The largest data manifest read or parsed, in bytes (256 MiB)."""
+
+
+def _too_large(uri: str, size: int) -> ValueError:
+    return ValueError(
+        f"Data manifest is too large: {uri} holds {size} bytes; the limit is "
+        f"{MAX_MANIFEST_BYTES} bytes ({MAX_MANIFEST_BYTES / 2**20:g} MiB)"
+    )
+
+
+def _refuse_special_file(path: str) -> None:
+    """OSError unless ``path`` is a regular file (or missing: the store then says so).  A HEAD
+    of a FIFO would block; a device has no size."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if stat.S_ISREG(mode):
+        return
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(
+            errno.EISDIR, f"Cannot read {path}: not a regular file (a directory)", path
+        )
+    kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+    raise OSError(errno.EINVAL, f"Cannot read {path}: not a regular file ({kind})", path)
+
+
+def read_manifest_bytes(uri: str, *, storage_config: StorageConfig | None = None) -> bytearray:
+    """The bytes of the manifest object at ``uri``, refused before any byte is read when the
+    object is larger than :data:`MAX_MANIFEST_BYTES`.
+
+    One HEAD gives the size (and the etag), then one ranged GET with If-Match on that etag
+    streams the object into a single preallocated buffer (no second copy): a manifest replaced
+    between the two requests is an error, never a mix of two objects.  On the local store the
+    HEAD is a ``stat``.
+
+    Raises:
+        ValueError: the object is larger than the limit ("Data manifest is too large: {uri}
+            holds N bytes; the limit is 268435456 bytes (256 MiB)"), or a bad URI.
+        FileNotFoundError, PermissionError, ObjectChangedError, StorageRetryExhaustedError,
+        RuntimeError (the size changed between HEAD and GET): from the store.
+    """
+    if uri.startswith(FILE_PREFIX):
+        _refuse_special_file(file_path(uri))
+    info = head_object(uri, storage_config=storage_config)
+    if info.size > MAX_MANIFEST_BYTES:
+        raise _too_large(uri, info.size)
+    buffer = bytearray(info.size)
+    if not info.size:
+        return buffer
+    view = memoryview(buffer)
+    position = 0
+    with open_stream(
+        uri,
+        size_bytes=info.size,
+        etag=portable_etag(uri, info.etag) or None,
+        storage_config=storage_config,
+    ) as stream:
+        for chunk in stream:
+            view[position : position + len(chunk)] = chunk
+            position += len(chunk)
+    view.release()
+    return buffer
+
+
 _SUMMARY_MAX_ERRORS = 20
 _SUMMARY_MAX_LOCATION = 200
 
@@ -445,11 +541,13 @@ def _validation_summary(error: ValidationError) -> str:
 def parse_manifest(data: bytes | bytearray | memoryview, uri: str) -> DataManifest:
     """Parse and validate the bytes of a data manifest read from ``uri``.
 
-    ``uri`` is used only in error messages.  The bytes need not be canonical.
+    ``uri`` is used only in error messages.  The bytes need not be canonical.  They are decoded
+    once, without an intermediate copy.
 
     Raises:
         TypeError: ``data`` is not bytes-like.
-        ValueError: with a message starting with exactly one of
+        ValueError: ``"Data manifest is too large: {uri} ..."`` for more than
+            :data:`MAX_MANIFEST_BYTES` bytes; otherwise with a message starting with exactly one of
             ``"Data manifest is not valid UTF-8: {uri}"``,
             ``"Data manifest is not valid JSON: {uri}"`` or
             ``"Data manifest has invalid shape: {uri}"``; the underlying
@@ -460,8 +558,11 @@ def parse_manifest(data: bytes | bytearray | memoryview, uri: str) -> DataManife
     """
     if not isinstance(data, bytes | bytearray | memoryview):
         raise TypeError(f"data manifest bytes must be bytes, got {type(data).__name__}")
+    size = memoryview(data).nbytes
+    if size > MAX_MANIFEST_BYTES:
+        raise _too_large(uri, size)
     try:
-        text = bytes(data).decode("utf-8")
+        text = str(data, "utf-8")
     except UnicodeDecodeError as error:
         raise ValueError(f"Data manifest is not valid UTF-8: {uri}") from error
     try:

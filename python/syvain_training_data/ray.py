@@ -48,9 +48,10 @@ except ModuleNotFoundError as error:  # pragma: no cover - exercised without the
 from syvain_training_data.loading.selection import select_shards
 from syvain_training_data.manifest import DataManifest, DataManifestDataFormat, ManifestShard
 from syvain_training_data.manifest import parse_manifest as _parse_manifest
+from syvain_training_data.manifest import read_manifest_bytes as _read_manifest_bytes
 from syvain_training_data.publish import DatasetSaver, encode_segment
 from syvain_training_data.shard import iter_shard
-from syvain_training_data.storage import StorageConfig, _secret_from_environment, get_object
+from syvain_training_data.storage import StorageConfig, _secret_from_environment
 from syvain_training_data.uris import check_shard_scheme
 
 __all__ = [
@@ -201,7 +202,7 @@ class SyvainDatasource(Datasource):
         self.storage_config = storage_config or StorageConfig()
         check_workers_have_secret(self.storage_config, [manifest_uri])
         manifest = _parse_manifest(
-            get_object(manifest_uri, storage_config=self.storage_config), manifest_uri
+            _read_manifest_bytes(manifest_uri, storage_config=self.storage_config), manifest_uri
         )
         shards = select_shards(manifest, split, curriculum_stage, curriculum_stages)[0]
         for shard in shards:

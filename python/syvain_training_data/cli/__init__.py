@@ -19,6 +19,10 @@ Decisions:
   would take it for an option). It is never printed, not even with ``--debug``.
 - **Local paths** are accepted wherever a URI is: an argument without ``://`` is a path,
   turned into a ``file:///absolute/path`` URI.
+- **Escaped output.** Every value printed that came from a manifest, a store or an error
+  quoting them (names, URIs, etags, messages, log lines, tracebacks) has its terminal control
+  characters escaped (:func:`syvain_training_data.cli.output.printable`): a manifest cannot
+  inject terminal escape sequences, carriage returns, fake lines or bidi reordering.
 - **Progress** (``verify --deep``, ``cp --with-shards``) is one line on stderr, redrawn in place
   on a terminal and printed every few seconds otherwise; a small hand-written line rather than
   tqdm keeps the base install at pydantic only. Bytes are the shards' manifest sizes, credited
@@ -48,7 +52,7 @@ from typing import Final, TextIO
 from syvain_training_data.cli.context import Context, make_client
 from syvain_training_data.cli.cp import copy_layout
 from syvain_training_data.cli.errors import CommandFailed, UsageError, describe
-from syvain_training_data.cli.output import Progress
+from syvain_training_data.cli.output import EscapingFormatter, Progress, printable, printable_lines
 from syvain_training_data.cli.parser import PROG, build_parser
 
 __all__ = ["Progress", "UsageError", "copy_layout", "main"]
@@ -81,11 +85,9 @@ def main(
     except SystemExit as exit_:  # --help (0) or a usage error argparse printed (2)
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
     debug = bool(getattr(args, "debug", False))
-    logging.basicConfig(
-        level=logging.DEBUG if debug else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-        stream=err,
-    )
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(EscapingFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, handlers=[handler])
     try:
         client = make_client(args, os.environ if environ is None else environ)
         run: Callable[[Context], None] = args.run
@@ -109,9 +111,11 @@ def main(
 
 
 def _report(err: TextIO, debug: bool, line: str) -> None:
+    """Prints the failure line (and with ``--debug`` the traceback), control characters
+    escaped: messages quote manifest names and URIs."""
     if debug:
-        traceback.print_exc(file=err)
-    print(line, file=err)
+        err.write(printable_lines(traceback.format_exc()))
+    print(printable(line), file=err)
 
 
 def _silence_stdout(out: TextIO) -> None:

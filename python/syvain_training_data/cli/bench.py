@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from syvain_training_data.cli.context import Context, check_schemes, manifest_uri
-from syvain_training_data.cli.output import human_bytes, isatty, plural
+from syvain_training_data.cli.output import emit, human_bytes, isatty, plural
 from syvain_training_data.cli.shards import selected_shards
 
 
@@ -78,4 +78,4 @@ def bench_command(ctx: Context) -> None:
     ]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
-        print(f"{name:<{width}}  {value}", file=ctx.stdout)
+        emit(ctx.stdout, f"{name:<{width}}  {value}")

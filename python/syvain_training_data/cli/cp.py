@@ -7,16 +7,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from syvain_training_data.cli.context import Context, check_schemes, require_credentials, to_uri
-from syvain_training_data.cli.output import Progress, plural
+from syvain_training_data.cli.output import Progress, emit, plural
 from syvain_training_data.cli.shards import unique_shards
 from syvain_training_data.manifest import (
     DataManifest,
     ManifestShard,
     canonical_manifest_bytes,
     parse_manifest,
+    read_manifest_bytes,
 )
-from syvain_training_data.shard import iter_shard
-from syvain_training_data.storage import get_object, put_object
+from syvain_training_data.storage import put_object
 
 
 def _parent(uri: str) -> str:
@@ -53,11 +53,15 @@ def _publish_manifest(ctx: Context, uri: str, data: bytes) -> None:
             uri, data, storage_config=config, content_type="application/json", create_only=True
         )
     except FileExistsError:
-        if get_object(uri, storage_config=config) != data:
+        try:
+            existing: bytes | bytearray | None = read_manifest_bytes(uri, storage_config=config)
+        except ValueError:  # over the manifest size limit: not this manifest
+            existing = None
+        if existing != data:
             raise FileExistsError(
                 f"{uri} already exists with other content; delete it or choose another destination"
             ) from None
-        print(f"{uri} already holds this manifest", file=ctx.stdout)
+        emit(ctx.stdout, f"{uri} already holds this manifest")
 
 
 def cp_command(ctx: Context) -> None:
@@ -65,11 +69,11 @@ def cp_command(ctx: Context) -> None:
     destination = _destination(source, ctx.args.destination)
     require_credentials(ctx, source, destination)
     config = ctx.client.storage_config
-    data = get_object(source, storage_config=config)
+    data = read_manifest_bytes(source, storage_config=config)  # at most 256 MiB, read once
     manifest = parse_manifest(data, source)
     if not ctx.args.with_shards:
-        _publish_manifest(ctx, destination, data)
-        print(f"copied {source} -> {destination}", file=ctx.stdout)
+        _publish_manifest(ctx, destination, bytes(data))
+        emit(ctx.stdout, f"copied {source} -> {destination}")
         return
 
     shards = unique_shards(manifest)
@@ -90,21 +94,17 @@ def cp_command(ctx: Context) -> None:
     def copy(shard: ManifestShard) -> ManifestShard:
         from syvain_training_data.publish import copy_shard
 
+        # Verified before it is written (size, etag, descriptor sha256, records), read back
+        # after (size, sha256), and deleted again if that fails: see copy_shard.
         copied = copy_shard(
             shard,
             targets[shard.uri],
             data_format=manifest.data_format,
             storage_config=config,
             on_bytes=lambda size: progress.add(bytes_=size),
+            on_records=lambda count: progress.add(records=count),
         )
-        if copied.size_bytes != shard.size_bytes:
-            raise RuntimeError(
-                f"{copied.uri}: the copy has {copied.size_bytes:,} bytes, the source "
-                f"{shard.size_bytes:,}"
-            )
-        # Read the copy back: size, etag and record count at the destination.
-        count = sum(1 for _ in iter_shard(manifest.data_format, copied, storage_config=config))
-        progress.add(records=count, shards=1)
+        progress.add(shards=1)
         return copied
 
     with ThreadPoolExecutor(max_workers=ctx.args.jobs) as pool:
@@ -115,10 +115,10 @@ def cp_command(ctx: Context) -> None:
     progress.finish()
     rewritten = _rewrite(manifest, copies)
     _publish_manifest(ctx, destination, canonical_manifest_bytes(rewritten))
-    print(
+    emit(
+        ctx.stdout,
         f"copied {source} -> {destination} with {plural(len(shards), 'shard')} "
         f"({progress.bytes:,} bytes, {progress.records:,} records verified)",
-        file=ctx.stdout,
     )
 
 

@@ -12,5 +12,7 @@ class CommandFailed(Exception):
 
 
 def describe(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
+    r"""``"{ExceptionType}: {first line}"``. Lines end at ``"\n"`` only: a carriage return or
+    another control character inside a quoted name or URI is kept (and escaped on output)."""
+    lines = str(error).strip().split("\n")
     return f"{type(error).__name__}: {lines[0] if lines else '(no message)'}"

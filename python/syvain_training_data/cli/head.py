@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import base64
-import json
 
 from syvain_training_data.cli.context import Context, check_schemes, manifest_uri
+from syvain_training_data.cli.output import json_line
 from syvain_training_data.cli.shards import selected_shards
 from syvain_training_data.shard import iter_shard
 
@@ -28,7 +28,7 @@ def head_command(ctx: Context) -> None:
         records = iter_shard(manifest.data_format, shard, storage_config=ctx.client.storage_config)
         try:
             for record in records:
-                ctx.stdout.write(json.dumps(record, default=_json_default) + "\n")
+                ctx.stdout.write(json_line(record, default=_json_default))
                 left -= 1
                 if left <= 0:
                     break

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from syvain_training_data.cli.context import Context, manifest_uri
-from syvain_training_data.cli.output import human_bytes, table
+from syvain_training_data.cli.output import emit, human_bytes, table
 from syvain_training_data.cli.shards import unique_shards
 
 
@@ -39,9 +39,9 @@ def inspect_command(ctx: Context) -> None:
             str(len(unique)),
         ]
     )
-    print(f"manifest  {uri}", file=ctx.stdout)
-    print(f"format    {manifest.data_format}", file=ctx.stdout)
-    print(f"splits    {len(manifest.splits)}", file=ctx.stdout)
-    print(file=ctx.stdout)
+    emit(ctx.stdout, f"manifest  {uri}")
+    emit(ctx.stdout, f"format    {manifest.data_format}")
+    emit(ctx.stdout, f"splits    {len(manifest.splits)}")
+    emit(ctx.stdout)
     for line in table(rows, right={2, 3, 4, 5}):
-        print(line, file=ctx.stdout)
+        emit(ctx.stdout, line)

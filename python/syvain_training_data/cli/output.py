@@ -1,14 +1,85 @@
-"""What commands print: tables, counts and sizes, and the :class:`Progress` line on stderr."""
+r"""What commands print: tables, counts and sizes, and the :class:`Progress` line on stderr.
+
+Everything a command prints goes through :func:`printable` (:func:`emit` prints a line with it):
+names, URIs, etags and messages come from manifests, store listings, descriptors and errors
+that quote them, which anyone who can write a manifest controls. Terminal control characters
+in them are written as visible escapes, so a manifest cannot move the cursor, rewrite earlier
+lines, change colours, set the window title or reorder text on the user's terminal: C0 controls
+(``\x00``-``\x1f``, so ESC, CR, LF and TAB too), DEL, C1 controls (``\x80``-``\x9f``), the bidi
+controls (U+061C, U+200E, U+200F, U+202A-U+202E, U+2066-U+2069) and the line and paragraph
+separators (U+2028, U+2029). ``\n``, ``\r`` and ``\t`` are written as such, the others as
+``\xNN`` or ``\uNNNN``. Backslashes are left alone: the output is for reading, not parsing.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import IO, TextIO
+from typing import IO, Any, Final, TextIO
+
+_NAMED: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_UNSAFE: Final = [
+    *range(0x00, 0x20),
+    0x7F,
+    *range(0x80, 0xA0),
+    0x061C,
+    0x200E,
+    0x200F,
+    *range(0x202A, 0x202F),
+    *range(0x2066, 0x206A),
+    0x2028,
+    0x2029,
+]
+_ESCAPES: Final = {
+    code: _NAMED.get(chr(code)) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+    for code in _UNSAFE
+}
+
+
+def printable(value: object) -> str:
+    """``str(value)`` with its terminal control characters escaped (see the module docstring).
+    Idempotent: escaping an escaped text changes nothing."""
+    return str(value).translate(_ESCAPES)
+
+
+def emit(stream: IO[str], text: object = "") -> None:
+    """Prints one line of command output, its control characters escaped (:func:`printable`)."""
+    print(printable(text), file=stream)
+
+
+def printable_lines(text: str) -> str:
+    """A multi-line text (a traceback) with each line escaped, its line breaks kept."""
+    return "\n".join(printable(line) for line in text.split("\n"))
+
+
+class EscapingFormatter(logging.Formatter):
+    """A log formatter that escapes control characters: the message as one line (retry
+    warnings quote shard URIs), a traceback line by line."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        return printable(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802
+        return printable_lines(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:  # noqa: N802
+        return printable_lines(super().formatStack(stack_info))
+
+
+def json_line(value: object, *, default: Callable[[object], object] | None = None) -> str:
+    r"""``value`` as one line of ASCII JSON plus ``"\n"``: control characters are JSON
+    escapes (``\u001b``), DEL included (``json.dumps`` leaves it raw), so the line is both
+    valid JSON and safe on a terminal."""
+    text = json.dumps(value, default=default, ensure_ascii=True)
+    return text.replace("\x7f", "\\u007f") + "\n"
 
 
 def table(rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
+    """Aligned lines of ``rows`` (cells escaped by :func:`printable` before measuring)."""
+    rows = [[printable(cell) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [
         "  ".join(
@@ -92,7 +163,7 @@ class Progress:
         )
 
     def _draw(self, now: float, *, final: bool) -> None:
-        text = self.line(now)
+        text = printable(self.line(now))
         if self._tty:
             self._stream.write("\r\x1b[2K" + text + ("\n" if final else ""))
         else:

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from syvain_training_data.cli.context import Context, check_schemes, manifest_uri
 from syvain_training_data.cli.errors import CommandFailed, describe
-from syvain_training_data.cli.output import Progress, plural
+from syvain_training_data.cli.output import Progress, emit, plural
 from syvain_training_data.cli.shards import unique_shards
 from syvain_training_data.manifest import DataManifest, DataManifestDataFormat, ManifestShard
 from syvain_training_data.shard import iter_shard
@@ -94,7 +94,7 @@ def verify_command(ctx: Context) -> None:
         progress.finish()
         problems += [problem for problem in deep if problem]
     for problem in problems:
-        print(f"problem: {problem}", file=ctx.stdout)
+        emit(ctx.stdout, f"problem: {problem}")
     records = sum(shard.records for shard in shards)
     size = sum(shard.size_bytes for shard in shards)
     summary = (
@@ -102,9 +102,9 @@ def verify_command(ctx: Context) -> None:
         f"({checked} checked)"
     )
     if problems:
-        print(f"FAILED: {plural(len(problems), 'problem')} in {summary}", file=ctx.stdout)
+        emit(ctx.stdout, f"FAILED: {plural(len(problems), 'problem')} in {summary}")
         raise CommandFailed
-    print(f"OK: {summary}", file=ctx.stdout)
+    emit(ctx.stdout, f"OK: {summary}")
 
 
 def _conflicting_descriptions(manifest: DataManifest) -> list[str]:

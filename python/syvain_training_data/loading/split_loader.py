@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 try:
     import torch
@@ -58,6 +58,62 @@ def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
     return rank, world_size
+
+
+MIN_MIXING_SHARE: Final = 2.0**-128
+"""The smallest share of the total weight a mixed curriculum stage may have."""
+
+
+def check_mixing_weights(stages: Sequence[str], weights: Sequence[object]) -> list[float]:
+    """The stages' mixing weights as floats, each checked: a positive finite number (int or
+    float, not bool) that a float holds, their sum finite, and each at least
+    :data:`MIN_MIXING_SHARE` (2**-128) of the sum, so that the mixed order's keys stay finite
+    and every stage keeps a non-zero share.
+
+    Raises ValueError naming the stage and the weight for every bad case (inf, nan, 0,
+    negative, a bool, a str, 10**400, weights whose sum overflows, 1e308 next to 1e-308).
+    """
+    values = []
+    for stage, weight in zip(stages, weights, strict=True):
+        value = math.nan
+        if isinstance(weight, int | float) and not isinstance(weight, bool):
+            try:
+                value = float(weight)
+            except OverflowError:
+                raise ValueError(
+                    f"Curriculum stage {stage!r} needs a positive finite weight, got "
+                    f"{_shown(weight)} (too large for a float)"
+                ) from None
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(
+                f"Curriculum stage {stage!r} needs a positive finite weight, got {_shown(weight)}"
+            )
+        values.append(value)
+    try:
+        total = math.fsum(values)
+    except OverflowError:  # "intermediate overflow in fsum"
+        total = math.inf
+    if not math.isfinite(total):
+        largest = max(range(len(values)), key=values.__getitem__)
+        raise ValueError(
+            f"Curriculum stage {stages[largest]!r} has weight {values[largest]!r}: the weights "
+            "sum beyond the largest float; scale them down"
+        )
+    for stage, value in zip(stages, values, strict=True):
+        if value / total < MIN_MIXING_SHARE:
+            raise ValueError(
+                f"Curriculum stage {stage!r} has weight {value!r}, less than 2**-128 of the "
+                f"weights' sum {total!r}: its share would vanish (leave the stage out instead)"
+            )
+    return values
+
+
+def _shown(weight: object) -> str:
+    """A weight for an error message, bounded (an int of thousands of digits is not echoed)."""
+    if isinstance(weight, int) and not isinstance(weight, bool) and weight.bit_length() > 64:
+        return f"an int of {weight.bit_length()} bits"
+    text = repr(weight)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class SplitDataLoader:
@@ -134,20 +190,7 @@ class SplitDataLoader:
                     f"({', '.join(stages)}), got {', '.join(map(str, mixing_weights))}"
                 )
             raw = dict(mixing_weights)
-        weights = []
-        for stage in stages:
-            weight = raw[stage]
-            if (
-                isinstance(weight, bool)
-                or not isinstance(weight, int | float)
-                or not math.isfinite(weight)
-                or weight <= 0
-            ):
-                raise ValueError(
-                    f"Curriculum stage {stage!r} needs a positive finite weight, got {weight!r}"
-                )
-            weights.append(float(weight))
-        return weights
+        return check_mixing_weights(stages, [raw[stage] for stage in stages])
 
     def _plan(
         self,
@@ -265,7 +308,9 @@ class SplitDataLoader:
             (its keys are the stages when ``curriculum_stages`` is not given), or "metadata"
             for each stage's ``weight`` metadata. Each stage keeps its share of every stretch
             of the epoch's order; the order is then split across ranks and workers like any
-            other.
+            other. A weight is a positive finite int or float (not a bool) that a float
+            holds; the weights' sum must be finite and each weight at least 2**-128 of it
+            (ValueError naming the stage and the weight otherwise).
           mixing_stop: "first_exhausted" (default): the epoch ends where the first stage runs
             out, so the proportions hold throughout; "all_exhausted": exhausted stages leave
             the mix and every record is read once per epoch.

@@ -63,6 +63,7 @@ from syvain_training_data.manifest import (
     ManifestShard,
     canonical_manifest_bytes,
     parse_manifest,
+    read_manifest_bytes,
 )
 from syvain_training_data.publish.builder import Saved, build_manifest, check_expected, uris_of
 from syvain_training_data.publish.descriptor import (
@@ -586,7 +587,14 @@ class DatasetSaver:
             )
             return manifest
         except FileExistsError:
-            existing = get_object(self.manifest_uri, storage_config=self.storage_config)
+            try:
+                existing = read_manifest_bytes(
+                    self.manifest_uri, storage_config=self.storage_config
+                )
+            except ValueError as error:  # over the manifest size limit
+                raise PublicationConflictError(
+                    f"An invalid manifest already exists at {self.manifest_uri}"
+                ) from error
         if existing == data:
             return manifest
         try:

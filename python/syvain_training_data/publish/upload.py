@@ -9,10 +9,17 @@ from collections.abc import Callable
 from typing import Final
 
 from syvain_training_data import _native
-from syvain_training_data.errors import PublicationConflictError
+from syvain_training_data.errors import ObjectDataError, PublicationConflictError, ShardDataError
 from syvain_training_data.manifest import DataManifestDataFormat, ManifestShard
 from syvain_training_data.publish.spool import Spool, limits
-from syvain_training_data.storage import StorageConfig, head_object, native_storage, open_stream
+from syvain_training_data.storage import (
+    StorageConfig,
+    delete_object,
+    get_object,
+    head_object,
+    native_storage,
+    open_stream,
+)
 from syvain_training_data.uris import portable_etag
 
 __all__ = ["OBJECT_ATTRIBUTES", "copy_shard", "stream_sha256", "upload_spool"]
@@ -47,12 +54,26 @@ def upload_spool(
     streamed multipart upload). A create-only upload that finds an object holding exactly these
     bytes reuses it; other bytes are a PublicationConflictError.
     """
+    size, etag, _ = _upload(uri, spool, data_format, storage_config, create_only=create_only)
+    return size, etag
+
+
+def _upload(
+    uri: str,
+    spool: Spool,
+    data_format: str,
+    storage_config: StorageConfig,
+    *,
+    create_only: bool,
+) -> tuple[int, str, bool]:
+    """:func:`upload_spool`, also saying whether this call wrote the object (False: an
+    identical existing object was reused)."""
     content_type, attributes = OBJECT_ATTRIBUTES[data_format]
     client = native_storage(storage_config)
     rules = limits()
     try:
         if spool.path is not None:
-            return _native.put_file(
+            size, etag = _native.put_file(
                 client,
                 uri,
                 spool.path,
@@ -63,18 +84,20 @@ def upload_spool(
                 multipart_threshold=rules.multipart_threshold,
                 part_size=rules.part_size,
             )
-        return _native.put_chunks(
-            client,
-            uri,
-            spool.chunks,
-            content_type=content_type,
-            metadata=attributes,
-            create_only=create_only,
-        )
+        else:
+            size, etag = _native.put_chunks(
+                client,
+                uri,
+                spool.chunks,
+                content_type=content_type,
+                metadata=attributes,
+                create_only=create_only,
+            )
+        return size, etag, True
     except FileExistsError:
         etag = _check_existing_bytes(uri, spool.size, spool.sha256(), storage_config)
         logger.info("Reusing the identical existing object %s", uri)
-        return spool.size, etag
+        return spool.size, etag, False
 
 
 def _check_existing_bytes(uri: str, size: int, sha256: str, storage_config: StorageConfig) -> str:
@@ -99,6 +122,10 @@ def stream_sha256(uri: str, size: int, etag: str, storage_config: StorageConfig)
     return digest.hexdigest()
 
 
+# A completion descriptor larger than this is not read for its digest (they are ~500 bytes).
+_DESCRIPTOR_READ_MAX: Final = 1024 * 1024
+
+
 def copy_shard(
     shard: ManifestShard,
     destination_uri: str,
@@ -106,24 +133,42 @@ def copy_shard(
     data_format: DataManifestDataFormat,
     storage_config: StorageConfig | None = None,
     on_bytes: Callable[[int], None] | None = None,
+    on_records: Callable[[int], None] | None = None,
 ) -> ManifestShard:
     """Copies one shard's bytes to ``destination_uri`` and returns it described there (the
     source's ``records``, the destination's size and etag).
 
-    The source is streamed (size and etag checked, resumed after transient failures) into the
-    saver's spool: memory up to 64 MiB, then a temporary file, so memory stays bounded whatever
-    the shard's size. The destination is written create-only with the format's object
-    attributes; an existing object with identical bytes is reused (a re-run copy is
-    idempotent). ``on_bytes`` is called with the size of every chunk received.
+    Verified before anything is written, so that a failed copy leaves no object behind that a
+    later run could take for a good copy:
+
+    1. The source is streamed (size checked; etag checked where the manifest records one for
+       an s3:// shard; resumed after transient failures) into a temporary file (in the system
+       temp directory, removed afterwards), hashed as it arrives: disk, not memory, whatever
+       the shard's size.
+    2. Where the source has a completion descriptor (``{uri}.metadata.json``, SPEC section 5)
+       describing this shard (same URI, records and size), the bytes' sha256 must be its.
+    3. The file is decoded: it must hold exactly ``shard.records`` records of ``data_format``.
+    4. Only then is the destination written, create-only with the format's object
+       attributes; an existing object with identical bytes is reused (a re-run copy is
+       idempotent), other bytes are a conflict.
+    5. The destination is read back: its size, and its sha256 must be the verified bytes'.
+       If that fails (or anything is interrupted) after this call wrote the object, the
+       object is deleted before the error is raised.
+
+    ``on_bytes`` is called with the size of every chunk received, ``on_records`` with counts
+    of records decoded.
 
     Raises:
+        ShardDataError: the source's bytes do not decode to ``shard.records`` records, or do
+            not match its descriptor's sha256 (the message names the source shard).
         PublicationConflictError: the destination holds other bytes.
         ObjectDataError: the source's size disagrees with ``shard.size_bytes``.
+        RuntimeError: the destination does not hold the bytes written (deleted again).
         FileNotFoundError, PermissionError, ObjectChangedError, StorageRetryExhaustedError:
             from the store.
     """
     config = storage_config or StorageConfig()
-    spool = Spool(limits().spill_bytes)
+    spool = Spool(0)  # always a file: decoded in place before the upload
     try:
         source_etag = portable_etag(shard.uri, shard.etag) or None
         with open_stream(
@@ -134,7 +179,15 @@ def copy_shard(
                 if on_bytes is not None:
                     on_bytes(len(chunk))
         spool.seal()
-        size, etag = upload_spool(destination_uri, spool, data_format, config, create_only=True)
+        _check_descriptor_digest(shard, data_format, spool.sha256(), config)
+        _check_records(shard, data_format, spool, on_records)
+        size, etag, created = _upload(destination_uri, spool, data_format, config, create_only=True)
+        try:
+            _check_destination(destination_uri, spool, size, etag, config)
+        except BaseException:
+            if created:
+                _delete_quietly(destination_uri, config)
+            raise
     finally:
         spool.close()
     return ManifestShard(
@@ -143,3 +196,86 @@ def copy_shard(
         size_bytes=size,
         etag=portable_etag(destination_uri, etag),
     )
+
+
+def _check_descriptor_digest(
+    shard: ManifestShard, data_format: str, sha256: str, config: StorageConfig
+) -> None:
+    """ShardDataError when the shard's completion descriptor, if it has one that describes
+    exactly this shard, records another sha256. A missing, oversized or invalid descriptor, or
+    one describing another object, is not a digest we know: it is ignored."""
+    from syvain_training_data.publish.descriptor import parse_descriptor
+    from syvain_training_data.publish.layout import DESCRIPTOR_SUFFIX
+
+    descriptor_uri = shard.uri + DESCRIPTOR_SUFFIX
+    try:
+        info = head_object(descriptor_uri, storage_config=config)
+        if info.size > _DESCRIPTOR_READ_MAX:
+            return
+        data = get_object(descriptor_uri, storage_config=config)
+        described = parse_descriptor(data, descriptor_uri, data_format)
+    except (FileNotFoundError, PublicationConflictError):
+        return
+    found = described.shard
+    if (found.uri, found.records, found.size_bytes) != (
+        shard.uri,
+        shard.records,
+        shard.size_bytes,
+    ):
+        return
+    if described.sha256 != sha256:
+        raise ShardDataError.of(
+            data_format,
+            shard.uri,
+            f"its bytes' sha256 is {sha256}, but its completion descriptor "
+            f"{descriptor_uri} records {described.sha256}",
+        )
+
+
+def _check_records(
+    shard: ManifestShard,
+    data_format: DataManifestDataFormat,
+    spool: Spool,
+    on_records: Callable[[int], None] | None,
+) -> None:
+    """Decodes the spooled file: exactly ``shard.records`` records of the format, or a
+    ShardDataError naming the source shard."""
+    from syvain_training_data.shard import iter_shard
+
+    assert spool.path is not None
+    local_uri = "file://" + spool.path
+    local = ManifestShard(uri=local_uri, records=shard.records, size_bytes=spool.size)
+    counted = 0
+    try:
+        for _ in iter_shard(data_format, local):
+            counted += 1
+            if on_records is not None and counted % 1024 == 0:
+                on_records(1024)
+    except ShardDataError as error:
+        raise ShardDataError(
+            str(error).replace(local_uri, shard.uri),
+            data_format,
+            shard.uri,
+            None if error.reason is None else error.reason.replace(local_uri, shard.uri),
+        ) from None
+    if on_records is not None:
+        on_records(counted % 1024)
+
+
+def _check_destination(uri: str, spool: Spool, size: int, etag: str, config: StorageConfig) -> None:
+    """RuntimeError unless the object at ``uri`` holds exactly the spooled bytes."""
+    info = head_object(uri, storage_config=config)
+    if size != spool.size or info.size != spool.size:
+        raise ObjectDataError(f"{uri}: the copy has {info.size:,} bytes, the source {spool.size:,}")
+    if stream_sha256(uri, info.size, portable_etag(uri, info.etag), config) != spool.sha256():
+        raise ObjectDataError(f"{uri}: the copy's sha256 differs from the source bytes'")
+
+
+def _delete_quietly(uri: str, config: StorageConfig) -> None:
+    """Deletes what a failed copy wrote; a failure to delete is logged, not raised over the
+    copy's own error."""
+    try:
+        delete_object(uri, storage_config=config)
+        logger.warning("Deleted %s: the copy failed after it was written", uri)
+    except Exception as error:  # the copy's error is the one to raise
+        logger.error("Could not delete %s after a failed copy: %s", uri, error)
