@@ -7,49 +7,21 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 pytest.importorskip("torch")
 
+from budget import line_budget  # noqa: E402
 from syvain_training_data import SyvainTrainingData  # noqa: E402
 from syvain_training_data.loading import plan  # noqa: E402
 from syvain_training_data.loading import state as checks  # noqa: E402
 from syvain_training_data.loading.tokens import merge_token_states  # noqa: E402
 
 RECORDS = 60  # 3 shards of 20
-
-
-class OverBudget(BaseException):  # not an Exception: no handler in the code under test eats it
-    pass
-
-
-@contextmanager
-def line_budget(lines: int = 20_000) -> Iterator[None]:
-    """Fails once the code run inside executes more than ``lines`` Python lines: a check or a
-    plan computation that grows with a hostile value (10^9 ranks, 10^12 batches) cannot finish
-    inside it, while a bounded one takes a few thousand. No wall clock involved."""
-    count = 0
-
-    def trace(frame: Any, event: str, arg: Any) -> Any:
-        nonlocal count
-        if event == "line":
-            count += 1
-            if count > lines:
-                raise OverBudget(f"more than {lines} lines")
-        return trace
-
-    previous = sys.gettrace()
-    sys.settrace(trace)
-    try:
-        yield
-    finally:
-        sys.settrace(previous)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from syvain_training_data.loading.plan import MixedOrder, StreamOrder
@@ -53,25 +53,68 @@ class _Prefetch:
         yield from self._records
 
 
-def _read_ranges(ranges: Sequence[ShardRange], open_range: OpenRange) -> Iterator[Any]:
-    """The records of ``ranges`` in order, one range ahead requested in the background."""
-    upcoming: _Prefetch | None = None
-    for number, shard_range in enumerate(ranges):
-        current = upcoming or _Prefetch(open_range(shard_range))
-        upcoming = None
-        if number + 1 < len(ranges):
-            upcoming = _Prefetch(open_range(ranges[number + 1]))
+def _read_ranges(ranges: Iterable[ShardRange], open_range: OpenRange) -> Iterator[Any]:
+    """The records of ``ranges`` in order, one range ahead requested in the background.
+    ``ranges`` is taken lazily, one ahead of the range being read."""
+    pending = iter(ranges)
+    upcoming = next(pending, None)
+    prefetched: _Prefetch | None = None
+    while upcoming is not None:
+        current = prefetched or _Prefetch(open_range(upcoming))
+        upcoming = next(pending, None)
+        prefetched = None if upcoming is None else _Prefetch(open_range(upcoming))
         yield from current
 
 
-def _merge_ranges(pieces: Sequence[ShardRange]) -> list[ShardRange]:
-    merged: list[ShardRange] = []
+def _merge_ranges(pieces: Iterable[ShardRange]) -> Iterator[ShardRange]:
+    """Consecutive pieces of one shard joined into one range, lazily."""
+    merged: ShardRange | None = None
     for shard, start, stop in pieces:
-        if merged and merged[-1][0] == shard and merged[-1][2] == start:
-            merged[-1] = (shard, merged[-1][1], stop)
-        else:
-            merged.append((shard, start, stop))
-    return merged
+        if merged is not None and merged[0] == shard and merged[2] == start:
+            merged = (shard, merged[1], stop)
+            continue
+        if merged is not None:
+            yield merged
+        merged = (shard, start, stop)
+    if merged is not None:
+        yield merged
+
+
+def _windows(
+    order: StreamOrder, positions: Sequence[tuple[int, int]]
+) -> Iterator[tuple[tuple[int, int], list[tuple[int, int]]]]:
+    """Each window the ``positions`` touch, with the positions wanted from it, in order and
+    one at a time: planning costs a window's work as the reader reaches it, never a part's."""
+    span: tuple[int, int] | None = None
+    wanted: list[tuple[int, int]] = []
+    for start, stop in positions:
+        while start < stop:
+            here = order.window_span(start)
+            if here != span:
+                if span is not None:
+                    yield span, wanted
+                span, wanted = here, []
+            end = min(stop, here[1])
+            wanted.append((start, end))
+            start = end
+    if span is not None:
+        yield span, wanted
+
+
+def _window_reads(
+    order: StreamOrder, positions: Sequence[tuple[int, int]]
+) -> Iterator[tuple[int, int]]:
+    """The positions to read for ``positions``: each interval widened to the windows it
+    touches, without reading a window twice (two intervals may share one)."""
+    end = 0
+    for start, stop in positions:
+        if stop <= start:
+            continue
+        first = max(order.window_span(start)[0], end)
+        last = order.window_span(stop - 1)[1]
+        if first < last:
+            yield first, last
+        end = max(end, last)
 
 
 def _stream_records(
@@ -82,24 +125,18 @@ def _stream_records(
 ) -> Iterator[Any]:
     """Records at ``positions`` (ascending [start, stop) intervals) of one stream's order."""
 
-    def table_ranges(start: int, stop: int) -> list[ShardRange]:
-        return [(shard_ids[k], a, b) for k, a, b in order.segments(start, stop)]
+    def table_ranges(start: int, stop: int) -> Iterator[ShardRange]:
+        return ((shard_ids[k], a, b) for k, a, b in order.segments(start, stop))
 
     if not order.window:
-        pieces = [piece for start, stop in positions for piece in table_ranges(start, stop)]
+        pieces = (piece for start, stop in positions for piece in table_ranges(start, stop))
         yield from _read_ranges(_merge_ranges(pieces), open_range)
         return
-    # Which positions each window needs; the window's records are read whole, once.
-    needed: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for start, stop in positions:
-        while start < stop:
-            span = order.window_span(start)
-            end = min(stop, span[1])
-            needed.setdefault(span, []).append((start, end))
-            start = end
-    pieces = [piece for span in needed for piece in table_ranges(*span)]
+    # A window's records are read whole, once, as part of one read per shard run.
+    pieces = (piece for span in _window_reads(order, positions) for piece in table_ranges(*span))
     records = _read_ranges(_merge_ranges(pieces), open_range)
-    for (first, last), wanted in needed.items():
+    windows = _windows(order, positions)
+    for (first, last), wanted in windows:
         held = [next(records) for _ in range(last - first)]
         permutation = order.window_permutation(first, last)
         for start, stop in wanted:
