@@ -285,6 +285,8 @@ class SplitDataLoader:
         mixing_stop: str = "first_exhausted",
         columns: Sequence[str] | None = None,
         pad_value: int | float = 0,
+        max_length: int | None = None,
+        truncate: bool = False,
         log_stats_every: float | None = None,
     ) -> Any:
         """A DataLoader over ``split`` (or one stage, or a union of stages kept in stage order
@@ -319,6 +321,10 @@ class SplitDataLoader:
             padded with ``pad_value`` plus ``{column}_lengths``; strings stay lists), sent in
             bundles through a shared-memory batch ring; ``batch_size`` None means batches of
             one record. The loader's ``collate_fn`` must then be None.
+          max_length, truncate: with ``columns``, a list row longer than ``max_length`` is
+            cut to it when ``truncate``, else a ValueError naming the column; a padded batch
+            holds at most 2**28 values (B x longest) either way, so one long record cannot
+            multiply a batch's memory by the batch size.
           log_stats_every: every this many seconds, log the loader's ``stats().summary()``
             (logger ``syvain_training_data.loading.stats``, INFO); the DataLoader's
             ``stats()`` returns the counters at any time.
@@ -347,10 +353,12 @@ class SplitDataLoader:
             mixing_weights=mixing_weights,
             mixing_stop=mixing_stop,
         )
+        if columns is None and (max_length is not None or truncate):
+            raise ValueError("max_length and truncate apply to load(columns=...) only")
         if columns is not None:
             if self.collate_fn is not None:
                 raise ValueError("Pass collate_fn=None to split_data_loader to load columns")
-            collate = TensorCollate(columns, pad_value)
+            collate = TensorCollate(columns, pad_value, max_length=max_length, truncate=truncate)
             # The workers batch and bundle the records themselves (batch_size None: one each).
             batch_size = args.pop("batch_size", 1)
             batch_size = 1 if batch_size is None else _check_index(batch_size, "batch_size")

@@ -197,6 +197,14 @@ def lengths_key(column: str) -> str:
     return f"{column}_lengths"
 
 
+#: Values a padded list column of one batch may hold (B x longest): 1 GiB of int32.
+MAX_PADDED_VALUES = 1 << 28
+
+
+class _TooLong(ValueError):
+    """A row or a padded batch over the collate's bounds (raised as it is, not rewrapped)."""
+
+
 class TensorCollate:
     """Records -> ``{column: tensor}`` for the chosen columns.
 
@@ -204,9 +212,27 @@ class TensorCollate:
     float32 (B,), bools -> bool (B,); a list of numbers -> a (B, longest) tensor right-padded
     with ``pad_value``, and its row lengths as int64 (B,) under ``{column}_lengths``; strings
     and bytes stay a list of B values. A missing column, a null, or a value of another kind is
-    a ValueError naming the column."""
+    a ValueError naming the column.
 
-    def __init__(self, columns: Sequence[str], pad_value: int | float = 0) -> None:
+    One long row would make every row of its batch that long: a row longer than
+    ``max_length`` is cut to it when ``truncate`` (its length then says ``max_length``), else
+    a ValueError naming the column and the length; and a padded batch may hold at most
+    ``MAX_PADDED_VALUES`` values (B x longest), else a ValueError suggesting ``max_length``."""
+
+    def __init__(
+        self,
+        columns: Sequence[str],
+        pad_value: int | float = 0,
+        *,
+        max_length: int | None = None,
+        truncate: bool = False,
+    ) -> None:
+        if max_length is not None and (
+            type(max_length) is not int or not 0 < max_length <= MAX_PADDED_VALUES
+        ):
+            raise ValueError(f"max_length must be an int in [1, {MAX_PADDED_VALUES}]")
+        if truncate and max_length is None:
+            raise ValueError("truncate=True needs a max_length")
         if isinstance(columns, str) or not columns:
             raise ValueError("columns must be a non-empty sequence of column names")
         names = list(columns)
@@ -221,6 +247,29 @@ class TensorCollate:
             )
         self.columns = names
         self.pad_value = pad_value
+        self.max_length = max_length
+        self.truncate = truncate
+
+    def _fitted(self, column: str, values: list[Any]) -> list[Any]:
+        """The rows of a list column cut to ``max_length`` (or the error), and the padded
+        size checked."""
+        lengths = [len(v) for v in values]
+        longest = max(lengths)
+        if self.max_length is not None and longest > self.max_length:
+            if not self.truncate:
+                raise _TooLong(
+                    f"Column {column!r} has a row of {longest} values, over max_length="
+                    f"{self.max_length} (pass truncate=True to cut rows to it)"
+                )
+            values = [v[: self.max_length] for v in values]
+            longest = self.max_length
+        if longest * len(values) > MAX_PADDED_VALUES:
+            raise _TooLong(
+                f"Column {column!r} would pad {len(values)} rows to {longest} values "
+                f"({len(values) * longest} values, over {MAX_PADDED_VALUES}): pass max_length "
+                "(and truncate=True) or a smaller batch_size"
+            )
+        return values
 
     def __call__(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         batch: dict[str, Any] = {}
@@ -230,6 +279,8 @@ class TensorCollate:
             except KeyError:
                 raise ValueError(f"A record of the batch has no column {column!r}") from None
             first = values[0]
+            if isinstance(first, torch.Tensor | list | tuple):
+                values = self._fitted(column, values)
             try:
                 if isinstance(first, torch.Tensor):  # int lists read from Arrow arrays
                     if not all(isinstance(v, torch.Tensor) for v in values):
@@ -266,6 +317,8 @@ class TensorCollate:
                         batch[column] = batch[column].float()
                 else:
                     raise TypeError(type(first).__name__)
+            except _TooLong:
+                raise
             except (TypeError, ValueError, RuntimeError, OverflowError) as error:
                 raise ValueError(
                     f"Column {column!r} cannot become a tensor batch ({error}): numbers, "
