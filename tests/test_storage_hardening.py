@@ -117,6 +117,7 @@ def test_a_fifo_is_an_error_naming_it_never_a_hang(tmp_path):
         client = storage.native_storage(StorageConfig())
         for operation in (
             lambda: storage.get_object(uri),
+            lambda: storage.head_object(uri),
             lambda: storage.open_stream(uri, size_bytes=10).read(),
             lambda: _native.download_object(client, uri, tmp_path / "copy", size_bytes=10),
             lambda: _native.put_file(client, f"file://{tmp_path}/out.bin", path),

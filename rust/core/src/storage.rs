@@ -196,6 +196,10 @@ impl Storage {
         uri: &str,
     ) -> Result<Option<(u64, String)>, C::Error> {
         let location = Location::parse(uri, false)?;
+        if let Location::File { path } = &location {
+            // The local store opens what it heads: a FIFO would block until a writer came.
+            refuse_special_file(std::path::Path::new(path), true)?;
+        }
         let path = location.object_path();
         let owned_uri = uri.to_string();
         with_retries(caller, "HEAD", uri, |fresh| {
