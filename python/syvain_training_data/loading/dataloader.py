@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -50,6 +51,8 @@ class EpochLoader[InterruptT](DataLoader[Any]):
         self._pass: dict[str, Any] | None = None
         # The pass persistent workers run next if left alone (their dataset copies advance).
         self._workers_next: tuple[int, tuple[InterruptT, ...]] | None = None
+        # The iterator of the last pass, while it lives.
+        self._live: weakref.ReferenceType[Iterator[Any]] | None = None
 
     @property
     def _topology(self) -> plan.Topology:
@@ -71,10 +74,36 @@ class EpochLoader[InterruptT](DataLoader[Any]):
         epoch, interrupts = self._next_epoch, self._resume
         self._next_epoch, self._resume = epoch + 1, ()
         self.dataset.set_epoch(epoch)
-        if self.persistent_workers and self._workers_next != (epoch, interrupts):
-            self._iterator = None  # the workers would run another pass: restart them
+        if self.persistent_workers and (
+            self._workers_next != (epoch, interrupts) or self._pass_is_live()
+        ):
+            # The workers would run another pass, or are still running one that goes on
+            # beside this one: this pass gets workers (and a ring) of its own.
+            self._iterator = None
         self._workers_next = (epoch + 1, ())
         return epoch, interrupts
+
+    def _pass_is_live(self) -> bool:
+        """Whether the last pass's iterator is still referenced and not exhausted."""
+        live = None if self._live is None else self._live()
+        return live is not None and self._pass is not None and not self._pass["finished"]
+
+    def _passing(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """``batches``, the iterator this pass returns, watched: while it lives unexhausted,
+        a new pass does not take over its persistent workers."""
+        self._live = weakref.ref(batches)
+        return batches
+
+    def _worker_batches(self) -> Iterator[Any]:
+        """The DataLoader's iterator of this pass (its workers start here, unless persistent
+        ones go on). The dataset's batch ring (``ring``), if any, is retired once that iterator
+        is gone (it stops its workers when it goes): the memory of every slot goes back to the
+        system but that of batches the training loop still holds, each its own slot's."""
+        iterator = super().__iter__()
+        ring = getattr(self.dataset, "ring", None)
+        if ring is not None and self.num_workers:
+            ring.bind(iterator)
+        return iterator
 
     def _starts_workers(self) -> bool:
         """Whether this pass (after :meth:`_begin_pass`) starts new workers: a ring made now
@@ -109,11 +138,11 @@ class SyvainDataLoader(EpochLoader[plan.Interrupt]):
             "finished": False,
         }
         self._pass = progress
-        return _counted(self._stats.timed(self._batches(), started), progress)
+        return self._passing(_counted(self._stats.timed(self._batches(), started), progress))
 
     def _batches(self) -> Iterator[Any]:
         """This pass's batches as the DataLoader yields them (its workers start here)."""
-        return super().__iter__()
+        return self._worker_batches()
 
     def __len__(self) -> int:
         """Batches this rank yields in the next pass."""

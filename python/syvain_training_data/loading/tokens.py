@@ -399,8 +399,8 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
             "finished": False,
         }
         self._pass = progress
-        batches = _tracked(super().__iter__(), progress, workers, self.dataset.ring)
-        return self._stats.timed(batches, started)
+        batches = _tracked(self._worker_batches(), progress, workers, self.dataset.ring)
+        return self._passing(self._stats.timed(batches, started))
 
     def _rank_entry(
         self, progress: dict[str, Any], earlier: plan.TokenInterrupt | None

@@ -10,6 +10,13 @@ and a mapping per tensor, a fixed cost that dominates for the batches of a train
   batch in its next free slot (:meth:`BatchRing.reserve`), or copies it there, and sends a few
   bytes through the DataLoader's pipe; the training process reads the batch in place, and the
   slot is free again once that tensor and every view of it are gone (``_native.HeldSlot``).
+  A worker claims a slot with a compare-and-swap that writes an owner generation into the
+  slot's state word (``_native.SlotStates``), and every later step (sent, lent, freed) swaps
+  from that exact word: two worker groups that share a ring (two loaders over one dataset
+  object) never write one slot at once, a message is read once, and a stale release frees no
+  newer claim. Once the workers of its pass are gone the ring is retired: the pages of every
+  slot not lent go back to the system, and a batch the training loop kept gives its slot's
+  pages back when it goes, so one kept batch holds one slot's memory, not the ring's.
   For 128 KiB batches on 2 cores a bare DataLoader moved about 5,500 batches/s this way when
   the training process still copied them out, against 2,700 by value and 1,300 through
   torch's shared memory.
@@ -82,13 +89,14 @@ class BatchRing:
     mapping; spawned and forkserver workers (on Linux) get the memory's file descriptor with
     the dataset that holds the ring and map it themselves. Worker w uses its slots
     [w * per_worker, (w + 1) * per_worker) in turn, the order in which the training process
-    receives its batches; each slot's state (``_native.SlotStates``, atomics) says whether it
-    is free. A tensor travels by value instead when it is larger than
-    a slot or not on the CPU, when its worker's next slot is still held (more batches in flight
-    than the ring holds, or kept by the training loop), or when its worker got no ring (a ring
-    pickled other than while starting a worker is no ring, as is one spawned where there is no
-    memfd): the ring never makes a worker wait. The ring must stay referenced while its
-    batches may arrive; the memory stays mapped while a batch read from it lives."""
+    receives its batches, passing over a slot still held (kept by the training loop); each
+    slot's state (``_native.SlotStates``, atomics) says who owns it. A tensor travels by value
+    instead when it is larger than a slot or not on the CPU, when none of its worker's slots is
+    free (more batches in flight than the ring holds, or kept by the training loop), or when its
+    worker got no ring (a ring pickled other than while starting a worker is no ring, as is one
+    spawned where there is no memfd): the ring never makes a worker wait. The ring must stay
+    referenced while its batches may arrive; the memory stays mapped while a batch read from it
+    lives, but once the ring is retired (:meth:`bind`) only a kept batch's own pages stay."""
 
     def __init__(self, workers: int, per_worker: int, slot_bytes: int) -> None:
         self._layout(workers, per_worker, slot_bytes)
@@ -105,16 +113,20 @@ class BatchRing:
         self.per_worker = per_worker
         self.slot_bytes = -(-slot_bytes // _ALIGN) * _ALIGN
         slots = workers * per_worker
-        self._header = -(-4 * slots // _ALIGN) * _ALIGN
+        # The slots' state words, then the generation counter.
+        self._header = -(-4 * (slots + 1) // _ALIGN) * _ALIGN
         self._size = self._header + slots * self.slot_bytes
 
     def _map(self, memory: mmap.mmap) -> None:
         self._memory = memory
-        self._states = _native.SlotStates(memory, self.workers * self.per_worker)
+        slots = self.workers * self.per_worker
+        self._states = _native.SlotStates(memory, slots, self._header, self.slot_bytes)
         self._bytes = torch.frombuffer(memory, dtype=torch.uint8)
         self._turns = [0] * self.workers
-        # In a worker: its slots reserved for a tensor not yet put (a weak reference to it).
-        self._reserved: dict[int, weakref.ReferenceType[torch.Tensor]] = {}
+        # In a worker: its slots claimed for a tensor not yet put (a weak reference to it, whose
+        # end gives the claim back, and the claim's tag).
+        self._reserved: dict[int, tuple[weakref.ReferenceType[torch.Tensor], int]] = {}
+        self._bound = False
 
     @classmethod
     def for_batches(cls, workers: int, in_flight: int, batch_bytes: int) -> BatchRing | None:
@@ -139,22 +151,22 @@ class BatchRing:
         return (_attach, (reduction.DupFd(self._fd), *layout, self.key))
 
     def reserve(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor | None:
-        """In a worker: a tensor of ``shape`` in this worker's next free slot, for a batch to be
-        built in place and then :meth:`put` (no copy); None if none is free or it does not
-        fit. The slot stays the tensor's until it is put or dropped."""
+        """In a worker: a tensor of ``shape`` in this worker's next free slot (claimed), for a
+        batch to be built in place and then :meth:`put` (no copy); None if none is free or it
+        does not fit. The slot stays the tensor's until it is put or dropped."""
         info = get_worker_info()
         size = math.prod(shape) * dtype.itemsize
         if info is None or info.id >= self.workers or size > self.slot_bytes:
             return None
-        turn = self._turns[info.id]
-        slot = info.id * self.per_worker + turn
-        reserved = self._reserved.get(slot)
-        if not self._states.is_free(slot) or (reserved is not None and reserved() is not None):
+        low = info.id * self.per_worker
+        claimed = self._states.claim(low + self._turns[info.id], low, low + self.per_worker)
+        if claimed is None:
             return None
+        slot, tag = claimed
         start = self._header + slot * self.slot_bytes
         tensor = self._bytes[start : start + size].view(dtype).view(shape)
-        self._reserved[slot] = weakref.ref(tensor)
-        self._turns[info.id] = (turn + 1) % self.per_worker
+        self._reserved[slot] = (weakref.ref(tensor, _unclaim(self._states, slot, tag)), tag)
+        self._turns[info.id] = (slot + 1 - low) % self.per_worker
         return tensor
 
     def put(self, tensor: torch.Tensor) -> _InSlot | None:
@@ -171,22 +183,38 @@ class BatchRing:
             slotted.copy_(tensor)
             slot = self._reserved_slot(slotted)
             assert slot is not None
-        del self._reserved[slot]
-        self._states.hold(slot)
-        return _InSlot(self.key, slot, _dtype_name(tensor.dtype), tuple(tensor.shape))
+        _, tag = self._reserved.pop(slot)
+        if not self._states.send(slot, tag):  # the ring was retired meanwhile
+            return None
+        return _InSlot(self.key, slot, tag, _dtype_name(tensor.dtype), tuple(tensor.shape))
 
-    def take(self, slot: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        """In the training process: the tensor in ``slot``, read in place; the slot is free
-        again when the tensor, and every view of it, is gone."""
-        start = self._header + slot * self.slot_bytes
+    def take(self, slot: int, tag: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        """In the training process: the tensor sent in ``slot`` with ``tag``, read in place
+        (once: RuntimeError for a slot that holds no such batch); the slot is free again when
+        the tensor, and every view of it, is gone."""
         count = math.prod(shape)
-        held = self._states.lend(slot, start, count * dtype.itemsize)
+        held = self._states.lend(slot, tag, count * dtype.itemsize)
         if not count:
             return torch.empty(shape, dtype=dtype)
         return torch.frombuffer(held, dtype=dtype, count=count).view(shape)
 
+    def bind(self, iterator: object) -> None:
+        """In the training process: retires this ring when ``iterator`` (the DataLoader
+        iterator whose workers write it, which stops them when it goes) is gone: the slots'
+        memory goes back to the system, each lent slot's once its batch is gone. Once per
+        ring; a later call (persistent workers' next pass) changes nothing."""
+        if not self._bound:
+            self._bound = True
+            weakref.finalize(iterator, self._states.retire)
+
+    def retire(self) -> None:
+        """In the training process, once no worker writes this ring any more (see
+        :meth:`bind`): no slot is claimed again, and the memory of every slot whose batch is
+        not held goes back to the system now, that of a held one when its batch is gone."""
+        self._states.retire()
+
     def _reserved_slot(self, tensor: torch.Tensor) -> int | None:
-        for slot, reserved in self._reserved.items():
+        for slot, (reserved, _) in self._reserved.items():
             if reserved() is tensor:
                 return slot
         return None
@@ -194,6 +222,12 @@ class BatchRing:
 
 def _no_ring() -> None:
     return None
+
+
+def _unclaim(states: _native.SlotStates, slot: int, tag: int) -> Any:
+    """The callback that gives back claim ``tag`` of ``slot`` when its reserved tensor goes
+    unsent (a sent one's claim is no longer a claim, and stays)."""
+    return lambda _: states.unclaim(slot, tag)
 
 
 def _memory_file(size: int) -> int | None:
@@ -226,20 +260,20 @@ def _attach(fd: Any, workers: int, per_worker: int, slot_bytes: int, key: int) -
 class _InSlot:
     """A reference to a tensor in a ring slot, as a worker sends it."""
 
-    __slots__ = ("dtype", "key", "shape", "slot")
+    __slots__ = ("dtype", "key", "shape", "slot", "tag")
 
-    def __init__(self, key: int, slot: int, dtype: str, shape: tuple[int, ...]) -> None:
-        self.key, self.slot, self.dtype, self.shape = key, slot, dtype, shape
+    def __init__(self, key: int, slot: int, tag: int, dtype: str, shape: tuple[int, ...]) -> None:
+        self.key, self.slot, self.tag, self.dtype, self.shape = key, slot, tag, dtype, shape
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_take, (self.key, self.slot, self.dtype, self.shape))
+        return (_take, (self.key, self.slot, self.tag, self.dtype, self.shape))
 
 
-def _take(key: int, slot: int, dtype_name: str, shape: tuple[int, ...]) -> torch.Tensor:
+def _take(key: int, slot: int, tag: int, dtype_name: str, shape: tuple[int, ...]) -> torch.Tensor:
     ring = _rings.get(key)
     if ring is None:
         raise RuntimeError("A batch arrived through a batch ring that no longer exists")
-    return ring.take(slot, getattr(torch, dtype_name), shape)
+    return ring.take(slot, tag, getattr(torch, dtype_name), shape)
 
 
 def for_transfer(batch: Any, ring: BatchRing | None = None) -> Any:
