@@ -26,6 +26,9 @@ else
     export RUSTC_BOOTSTRAP=1
 fi
 
+# Small inputs (seeds.py keeps its seeds within it): a run makes millions of executions, not
+# thousands of multi-megabyte ones.
+max_len=$("$python" -c "import runpy; print(runpy.run_path('$fuzz_dir/seeds.py')['MAX_LEN'])")
 corpus="$fuzz_dir/corpus/$target"
 artifacts="$fuzz_dir/artifacts/$target"
 mkdir -p "$corpus" "$artifacts"
@@ -38,6 +41,7 @@ log=$(mktemp)
 status=0
 (cd "$root/rust/core" && cargo "${toolchain[@]}" fuzz run --fuzz-dir "$fuzz_dir" "$target" "$corpus" -- \
     -max_total_time="$seconds" -print_final_stats=1 -rss_limit_mb=4096 -timeout=20 \
+    -max_len="$max_len" \
     -artifact_prefix="$artifacts/") >"$log" 2>&1 || status=$?
 
 executions=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)

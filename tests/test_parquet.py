@@ -9,6 +9,7 @@ import decimal
 import hashlib
 import io
 import os
+import queue
 import random
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from types import MappingProxyType
+from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
@@ -382,7 +383,6 @@ def test_local_shard_read_in_place_is_checked_before_and_after(tmp_path):
     # The file is rewritten (same size, new mtime) while its rows are read: fails closed.
     rows = iter_parquet_shard(shard)
     assert next(rows) == records[0]
-    time.sleep(0.01)
     path.write_bytes(data)
     os.utime(path, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
     with pytest.raises(ObjectChangedError, match="s.parquet"):
@@ -616,11 +616,25 @@ def decode_threads() -> int:
 
 def test_decode_thread_stops_on_early_close_and_at_the_end(tmp_path, monkeypatch):
     monkeypatch.setattr(parquet, "DECODE_BATCH_BYTES", 1)  # BATCH_ROWS rows per decoded batch
+    full = threading.Event()
+
+    class WatchedQueue(queue.Queue):
+        """The helper's handoff queue, which tells when the helper finds it full."""
+
+        def put(self, item, block=True, timeout=None):
+            if self.full():
+                full.set()
+            super().put(item, block, timeout)
+
+    monkeypatch.setattr(
+        parquet, "queue", SimpleNamespace(Queue=WatchedQueue, Full=queue.Full, Empty=queue.Empty)
+    )
     records = text_records(8000)
     shard = local_shard(tmp_path, encode(records), len(records))
     rows = iter_parquet_shard(shard)
     assert next(rows) == records[0]
-    time.sleep(0.2)  # the helper fills its handoff queue and waits
+    # The helper fills its handoff queue and waits (a hang guard only, never a measure).
+    assert full.wait(60), "the decode helper never filled its queue"
     assert decode_threads() == 1
     rows.close()
     assert decode_threads() == 0

@@ -2,6 +2,12 @@
 
 Layout of an input (see fuzz_targets/common.rs): chunking byte, declared-count byte, shard.
 Usage: python seeds.py TARGET CORPUS_DIR
+
+Every seed is at most MAX_LEN bytes (scripts/fuzz.sh runs libFuzzer with -max_len=MAX_LEN) and
+decodes to at most a few hundred KiB: each just past the limit it exercises (the fuzz targets'
+64 KiB line limit and 1 MiB payload limit, the 1,000-level nesting limit), not megabytes
+past it. Seeds of 4 MiB of blank lines held the jsonl_gz and record_range targets to about
+8,000 executions in 600 s.
 """
 
 from __future__ import annotations
@@ -12,6 +18,12 @@ import json
 import struct
 import sys
 from pathlib import Path
+
+# The largest input libFuzzer makes (and the largest seed).
+MAX_LEN = 4096
+# What the fuzz targets allow (fuzz_targets/*.rs): a jsonl line, a msgpack.zstf payload.
+FUZZ_MAX_LINE = 64 << 10
+FUZZ_MAX_PAYLOAD = 1 << 20
 
 RECORDS = [
     {"id": 1, "text": "hello", "tags": ["a", "b"], "nested": {"x": 1.5, "y": None}},
@@ -71,13 +83,17 @@ def frame_declaring(content_size: int, block: bytes) -> bytes:
 
 def msgpack_bomb_shards() -> list[bytes]:
     return [
-        zstf_record(deep_msgpack(5_000_000)),  # the issue's 193-byte shard
-        zstf_record(deep_msgpack(5_000_000), content_size=False),
+        # Far deeper than allowed (issue 13's shard had 5,000,000 levels: the check stops at
+        # 1,000 either way).
+        zstf_record(deep_msgpack(20_000)),
+        zstf_record(deep_msgpack(20_000), content_size=False),
         zstf_record(deep_msgpack(999)),  # as deep as allowed
         frame_declaring((1 << 30) + 1, b"\x80"),  # declares more than 1 GiB
-        zstf_record(bytes(3 << 20), content_size=False),  # undeclared, past the fuzz limit
+        # Undeclared, just past the fuzz payload limit.
+        zstf_record(bytes(FUZZ_MAX_PAYLOAD + 4096), content_size=False),
+        # A bin header that declares 1 GiB, with a few KiB of it.
         zstf_record(
-            b"\x81\xa1k\xc6" + struct.pack(">I", 1 << 30) + bytes(1 << 20), content_size=False
+            b"\x81\xa1k\xc6" + struct.pack(">I", 1 << 30) + bytes(4096), content_size=False
         ),
     ]
 
@@ -85,8 +101,10 @@ def msgpack_bomb_shards() -> list[bytes]:
 def jsonl_bomb_shards() -> list[bytes]:
     deep = b'{"v":' + b"[" * 1200 + b"1" + b"]" * 1200 + b"}\n"
     return [
-        gzip_text(b'{"a":1}\n' + b"\n" * (4 << 20) + b'{"a":2}\n'),  # a blank-line run
-        gzip_text(b'{"a":1}\n' + b" \r\n" * (1 << 20) + b'{"a":2}'),
+        # Blank-line runs just longer than a line may be.
+        gzip_text(b'{"a":1}\n' + b"\n" * (FUZZ_MAX_LINE + 1024) + b'{"a":2}\n'),
+        gzip_text(b'{"a":1}\n' + b" \r\n" * (FUZZ_MAX_LINE // 3 + 1024) + b'{"a":2}'),
+        gzip_text(b'{"a":' + b"7" * (FUZZ_MAX_LINE + 16) + b"}\n"),  # a line too long
         gzip_text(deep + b'{"ok":1}\n' + b"[" * 250 + b"]" * 250 + b"\n"),  # deep JSON
     ]
 
@@ -104,7 +122,7 @@ def main() -> None:
     msgpack_shards = [msgpack_shard(), *msgpack_bomb_shards()]
     jsonl_shards = [jsonl_shard(), *jsonl_bomb_shards()]
     if target == "msgpack_payload":
-        seeds = [*msgpack_payloads(), deep_msgpack(999), deep_msgpack(1000), deep_msgpack(100_000)]
+        seeds = [*msgpack_payloads(), deep_msgpack(999), deep_msgpack(1000), deep_msgpack(4000)]
     elif target == "msgpack_zstf":
         seeds = shard_seeds(msgpack_shards, count)
     elif target == "jsonl_gz":
@@ -117,6 +135,8 @@ def main() -> None:
             for start, stop in ((1, 3), (2, count))
         ]
     for n, seed in enumerate(seeds):
+        if len(seed) > MAX_LEN:
+            raise SystemExit(f"seed {n} of {target} has {len(seed)} bytes, over {MAX_LEN}")
         (corpus / f"seed-{n}").write_bytes(seed)
 
 

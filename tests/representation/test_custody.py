@@ -232,7 +232,7 @@ def test_closing_the_prefetcher_stops_a_stalled_download(blob, seaweed, fault_pr
         access_key_id=seaweed.access_key_id,
         secret_access_key=seaweed.secret_access_key,
     )
-    fault_proxy.script(stall_after(1000, 60.0, method="GET"))
+    fault_proxy.script(stall_after(1000, 600.0, method="GET"))
     claim = Claim(uri, len(data), hashlib.sha256(data).hexdigest())
     with Workspace() as workspace:
         downloads = Prefetcher(workspace, through_proxy)
@@ -241,9 +241,12 @@ def test_closing_the_prefetcher_stops_a_stalled_download(blob, seaweed, fault_pr
         while fault_proxy.faults_applied == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert fault_proxy.faults_applied == 1
-        started = time.monotonic()
-        downloads.close()  # cancels the stalled download instead of waiting a minute
-        assert time.monotonic() - started < 5
+        # close() cancels the stalled download instead of waiting for it: it returns within a
+        # hang guard far shorter than the stall (no wall-clock bound is the assertion).
+        closing = threading.Thread(target=downloads.close, daemon=True)
+        closing.start()
+        closing.join(60)
+        assert not closing.is_alive(), "close() waited for the stalled download"
         assert os.listdir(workspace.path) == []
 
 
