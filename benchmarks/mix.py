@@ -1,0 +1,129 @@
+"""Mixing benchmark (issue 25): how many sources a seeded batch mixes, beside a uniform
+permutation of the same records.
+
+1. **Loaded** (I/O): 64 sources x 500 records written one msgpack.zstf shard per source to a
+   local directory store, read with ``load("train", seed=0)`` at batch 32 with 0 and 2 workers;
+   per batch, the distinct sources and the largest source's share, averaged over the epoch.
+2. **Planned** (no I/O): the cluster case of the issue, 10,000 shards x 5,000 records, 64 ranks
+   x 8 workers, 8 records per device batch, computed from the plan alone
+   (``loading.plan.consumer_part`` and the stream order's segments): distinct shards per device
+   batch, and per global batch (the k-th device batch of every consumer).
+
+Uniform figures are exact expectations (drawing without replacement), not samples.
+
+Run: .venv/bin/python benchmarks/mix.py [--steps 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+from collections import Counter
+from typing import Any
+
+from syvain_training_data import SyvainTrainingData
+from syvain_training_data.loading import plan
+
+SOURCES, PER_SOURCE, BATCH = 64, 500, 32
+CLUSTER_SHARDS, CLUSTER_RECORDS = 10_000, 5_000
+RANKS, WORKERS, DEVICE_BATCH = 64, 8, 8
+
+
+def expected_distinct(groups: int, per_group: int, draws: int) -> float:
+    """Distinct groups among ``draws`` records drawn without replacement from ``groups`` groups
+    of ``per_group`` records each (a uniform permutation's batch)."""
+    total = groups * per_group
+    # P(a given group is missed) = C(total - per_group, draws) / C(total, draws).
+    missed = math.exp(
+        math.lgamma(total - per_group + 1)
+        - math.lgamma(total - per_group - draws + 1)
+        - math.lgamma(total + 1)
+        + math.lgamma(total - draws + 1)
+    )
+    return groups * (1 - missed)
+
+
+def as_list(batch: list[Any]) -> list[Any]:
+    return batch
+
+
+def loaded(workers: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as root:
+        client = SyvainTrainingData()
+        manifest_uri = f"file://{root}/data-manifest.json"
+        saver = client.dataset_saver(manifest_uri, data_format="msgpack.zstf")
+        for source in range(SOURCES):
+            records = [{"source": source, "i": i} for i in range(PER_SOURCE)]
+            saver.save("train", None, records, shard_id=f"{source:03d}")
+        saver.commit_manifest()
+        args: dict[str, Any] = {"batch_size": BATCH, "num_workers": workers}
+        if workers:
+            args["multiprocessing_context"] = "fork"
+        loader = client.split_data_loader(manifest_uri, as_list, args)
+        distinct, largest = [], []
+        for batch in loader.load("train", seed=0):
+            counts = Counter(record["source"] for record in batch)
+            distinct.append(len(counts))
+            largest.append(max(counts.values()) / len(batch))
+    return {
+        "distinct_sources_per_batch": sum(distinct) / len(distinct),
+        "largest_source_share": sum(largest) / len(largest),
+    }
+
+
+def planned(steps: int) -> dict[str, float]:
+    counts = (CLUSTER_RECORDS,) * CLUSTER_SHARDS
+    selection = plan.Selection(streams=(counts,), seed=0, window=plan.DEFAULT_WINDOW)
+    topology = plan.Topology(RANKS, WORKERS, DEVICE_BATCH, drop_last=True)
+    length = plan.epoch_length(selection, 0)
+    (order,) = selection.orders(0)
+    layout = plan.run_layout(selection, length, [], topology)
+    device, global_ = [], []
+    for step in range(steps):
+        # A rank's step-th batch comes from its workers in turn (torch's round robin).
+        worker, batch = step % WORKERS, step // WORKERS
+        union: set[int] = set()
+        for rank in range(RANKS):
+            part = plan.Level(layout[rank][worker])
+            positions = part.slice(batch * DEVICE_BATCH, (batch + 1) * DEVICE_BATCH)
+            shards = {s for a, b in positions for s, _, _ in order.segments(a, b)}
+            device.append(len(shards))
+            union |= shards
+        global_.append(len(union))
+    return {
+        "distinct_shards_per_device_batch": sum(device) / len(device),
+        "distinct_shards_per_global_batch": sum(global_) / len(global_),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=16, help="global batches planned")
+    options = parser.parse_args()
+    uniform_batch = expected_distinct(SOURCES, PER_SOURCE, BATCH)
+    for workers in (0, 2):
+        result = loaded(workers)
+        result["uniform_distinct_sources_per_batch"] = uniform_batch
+        ratio = result["distinct_sources_per_batch"] / uniform_batch
+        print(json.dumps({"case": f"loaded, {workers} workers", **result, "ratio": ratio}))
+    result = planned(options.steps)
+    uniform_device = expected_distinct(CLUSTER_SHARDS, CLUSTER_RECORDS, DEVICE_BATCH)
+    global_batch = RANKS * DEVICE_BATCH
+    uniform_global = expected_distinct(CLUSTER_SHARDS, CLUSTER_RECORDS, global_batch)
+    print(
+        json.dumps(
+            {
+                "case": f"planned, {RANKS} ranks x {WORKERS} workers",
+                **result,
+                "uniform_device": uniform_device,
+                "uniform_global": uniform_global,
+                "global_ratio": result["distinct_shards_per_global_batch"] / uniform_global,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
