@@ -6,8 +6,8 @@ permutation of the same records.
    per batch, the distinct sources and the largest source's share, averaged over the epoch.
 2. **Planned** (no I/O): the cluster case of the issue, 10,000 shards x 5,000 records, 64 ranks
    x 8 workers, 8 records per device batch, computed from the plan alone
-   (``loading.plan.consumer_part`` and the stream order's segments): distinct shards per device
-   batch, and per global batch (the k-th device batch of every consumer).
+   (``loading.plan.run_layout`` and the stream order's segments): distinct shards per device
+   batch, and per global batch (the k-th batch of every rank: 512 records).
 
 Uniform figures are exact expectations (drawing without replacement), not samples.
 
