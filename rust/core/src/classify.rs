@@ -36,6 +36,10 @@ pub fn classify_store_error(
             return classify_local_io(uri, io);
         }
     }
+    // No credentials: fails at once, with the message of the source (never a secret).
+    if let Some(found) = crate::credentials::find_credential_error(&error) {
+        return StoreFailure::Fatal(NativeError::Config(format!("{uri}: {}", found.0)));
+    }
     let detail = error_chain(&error);
     match error {
         // A multipart upload the store forgot: the whole write is retried (SPEC section 4).
