@@ -1,0 +1,177 @@
+"""Small HTTP servers on 127.0.0.1 for the credential tests (stdlib ``http.server`` in a thread).
+
+``FakeAws`` plays, on one port:
+
+- an S3-compatible store that accepts anything (GET and HEAD of any key answer ``hello``, PUT
+  answers an etag) and records each request's method, path and headers, so a test can see
+  which credentials signed it (``Authorization``, ``x-amz-security-token``);
+- the container credentials service (``GET /creds``, checking ``Authorization`` when a token
+  is expected);
+- the EC2 instance metadata service, IMDSv2 (``PUT /latest/api/token``, then
+  ``GET /latest/meta-data/iam/security-credentials/`` and ``.../{role}`` with the token).
+
+Each credentials answer is a new key pair (``KEY1``, ``KEY2``, ...), expiring after
+``expires_in`` seconds (0: already due for refresh, so every signed request fetches again).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import threading
+from email.utils import formatdate
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+ROLE = "test-role"
+IMDS_TOKEN = "imds-session-token"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def _record(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        with self.server.fake.lock:
+            self.server.fake.requests.append((self.command, self.path, headers))
+
+    def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _credentials(self) -> bytes:
+        fake = self.server.fake
+        with fake.lock:
+            fake.issued += 1
+            number = fake.issued
+        expiration = datetime.datetime.now(datetime.UTC) + datetime.timedelta(
+            seconds=fake.expires_in
+        )
+        return json.dumps(
+            {
+                "Code": "Success",
+                "AccessKeyId": f"KEY{number}",
+                "SecretAccessKey": f"secret-{number}",
+                "Token": f"token-{number}",
+                "Expiration": expiration.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            }
+        ).encode()
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._record()
+        if self.path == "/latest/api/token":
+            if "X-aws-ec2-metadata-token-ttl-seconds" not in self.headers:
+                self._send(400)
+            else:
+                self._send(200, IMDS_TOKEN.encode())
+            return
+        self._send(200, headers={"ETag": '"put-etag"'})
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self.do_GET()
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._record()
+        fake = self.server.fake
+        if self.path == "/creds":
+            expected = fake.container_token
+            if expected is not None and self.headers.get("Authorization") != expected:
+                self._send(401, b"bad authorization token")
+                return
+            self._send(200, self._credentials(), {"Content-Type": "application/json"})
+            return
+        if self.path.startswith("/latest/meta-data/iam/security-credentials/"):
+            if self.headers.get("X-aws-ec2-metadata-token") != IMDS_TOKEN:
+                self._send(401)
+                return
+            role = self.path.rsplit("/", 1)[1]
+            if not role:
+                self._send(200, ROLE.encode())
+            elif role == ROLE:
+                self._send(200, self._credentials(), {"Content-Type": "application/json"})
+            else:
+                self._send(404)
+            return
+        body = b"hello"
+        self._send(
+            200,
+            body,
+            {
+                "ETag": '"hello-etag"',
+                "Last-Modified": formatdate(usegmt=True),
+                "Content-Type": "application/octet-stream",
+            },
+        )
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    fake: FakeAws
+
+
+class FakeAws:
+    """See the module docstring. Use as a context manager; ``url`` is ``http://127.0.0.1:PORT``."""
+
+    def __init__(self, *, expires_in: float = 3600, container_token: str | None = None) -> None:
+        self.expires_in = expires_in
+        self.container_token = container_token
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self.issued = 0
+        self.lock = threading.Lock()
+        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server.fake = self
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def __enter__(self) -> FakeAws:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def s3_requests(self) -> list[tuple[str, str, dict[str, str]]]:
+        """The requests made to the store (not to the credential services)."""
+        with self.lock:
+            return [
+                request
+                for request in self.requests
+                if request[1] != "/creds" and not request[1].startswith("/latest/")
+            ]
+
+    def credential_requests(self) -> list[tuple[str, str, dict[str, str]]]:
+        with self.lock:
+            return [
+                request
+                for request in self.requests
+                if request[1] == "/creds" or request[1].startswith("/latest/")
+            ]
+
+    def signing_keys(self) -> list[str | None]:
+        """The access key id in each store request's Authorization header (None: unsigned)."""
+        keys: list[str | None] = []
+        for _, _, headers in self.s3_requests():
+            authorization = headers.get("authorization")
+            if authorization is None:
+                keys.append(None)
+            else:
+                keys.append(authorization.split("Credential=", 1)[1].split("/", 1)[0])
+        return keys

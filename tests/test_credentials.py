@@ -1,0 +1,518 @@
+"""Every way to sign in: static keys with a session token, unsigned requests, the AWS default
+chain (environment, web identity, container credentials, instance metadata, each refreshed
+before it expires), a credential provider, and AWS profiles through botocore.
+
+Sources that can sign for SeaweedFS are tested against it; the container credentials and
+instance metadata services are played by ``credential_servers.FakeAws`` on 127.0.0.1, which
+also records the headers of every store request (who signed it, with which token)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import multiprocessing
+import os
+import pickle
+import sys
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from credential_servers import IMDS_TOKEN, ROLE, FakeAws
+from syvain_training_data import SyvainTrainingData
+from syvain_training_data.shard import iter_shard
+from syvain_training_data.storage import (
+    StorageConfig,
+    get_object,
+    head_object,
+    native_storage,
+    put_object,
+)
+
+START_METHODS = ["fork", "spawn", "forkserver"]
+UTC = datetime.UTC
+
+
+@pytest.fixture
+def clean_env(monkeypatch) -> None:
+    """No AWS_* variable but AWS_EC2_METADATA_DISABLED, and no cached native client."""
+    for name in [name for name in os.environ if name.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    native_storage.cache_clear()
+    yield
+    native_storage.cache_clear()
+
+
+def read(fake: FakeAws, config: StorageConfig, times: int = 1) -> None:
+    for i in range(times):
+        assert get_object(f"s3://bucket/key-{i}", storage_config=config) == b"hello"
+
+
+# --- 1. session tokens ------------------------------------------------------------------------
+
+
+def test_session_token_is_sent_as_x_amz_security_token(clean_env):
+    with FakeAws() as fake:
+        client = SyvainTrainingData(
+            s3_base_url=fake.url,
+            access_key_id="AKIDTOKEN",
+            secret_access_key="secret-value",
+            session_token="session-token-value",
+        )
+        read(fake, client.storage_config)
+        plain = SyvainTrainingData(
+            s3_base_url=fake.url + "/", access_key_id="AKIDPLAIN", secret_access_key="s"
+        )
+        read(fake, plain.storage_config)
+    [(_, _, with_token), (_, _, without)] = fake.s3_requests()
+    assert with_token["x-amz-security-token"] == "session-token-value"
+    assert "Credential=AKIDTOKEN/" in with_token["authorization"]
+    assert "x-amz-security-token" not in without
+    assert "Credential=AKIDPLAIN/" in without["authorization"]
+
+
+def test_from_env_reads_the_session_token(clean_env, monkeypatch):
+    env = {
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+        "AWS_ACCESS_KEY_ID": "AKID",
+        "AWS_SECRET_ACCESS_KEY": "secret",
+        "AWS_SESSION_TOKEN": "the-token",
+    }
+    config = SyvainTrainingData.from_env(env).storage_config
+    assert config.session_token is not None
+    assert config.session_token.get_secret_value() == "the-token"
+    assert config.credential_source == "static"
+    with pytest.raises(ValueError, match="session_token needs access_key_id"):
+        StorageConfig.create(session_token="orphan-token")
+
+
+# --- 2. unsigned requests ---------------------------------------------------------------------
+
+
+def test_skip_signature_sends_no_authorization(clean_env, monkeypatch):
+    # Credentials in the environment are not used either.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDENV")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "env-token")
+    with FakeAws() as fake:
+        client = SyvainTrainingData(s3_base_url=fake.url, skip_signature=True)
+        read(fake, client.storage_config, times=2)
+        assert head_object("s3://bucket/x", storage_config=client.storage_config).size == 5
+        monkeypatch.setenv("AWS_SKIP_SIGNATURE", "true")
+        monkeypatch.setenv("AWS_ENDPOINT_URL", fake.url)
+        from_env = SyvainTrainingData.from_env()
+        assert from_env.storage_config.skip_signature
+        assert from_env.storage_config.access_key_id is None
+        assert "skip_signature=True" in repr(from_env)
+    for _, _, headers in fake.s3_requests():
+        assert "authorization" not in headers
+        assert "x-amz-security-token" not in headers
+    with pytest.raises(ValueError, match="one source of credentials"):
+        StorageConfig.create(skip_signature=True, access_key_id="a", secret_access_key="b")
+
+
+# --- 3. the default chain ---------------------------------------------------------------------
+
+
+def test_nothing_found_names_every_source_tried(clean_env, tmp_path):
+    client = SyvainTrainingData(s3_base_url="http://127.0.0.1:9")
+    # file:// needs no credentials at all.
+    put_object(f"file://{tmp_path}/x", b"local", storage_config=client.storage_config)
+    with pytest.raises(ValueError) as info:
+        get_object("s3://bucket/key", storage_config=client.storage_config)
+    message = str(info.value)
+    assert message.startswith("s3://bucket/key: no credentials found")
+    for source in (
+        "AWS_ACCESS_KEY_ID",
+        "web identity",
+        "container credentials",
+        "instance metadata (disabled by AWS_EC2_METADATA_DISABLED)",
+        "credential_provider",
+        "skip_signature",
+    ):
+        assert source in message
+
+
+def test_the_chain_takes_keys_from_the_environment_first(clean_env, monkeypatch):
+    with FakeAws() as fake:
+        monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", f"{fake.url}/creds")
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDENV")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret")
+        monkeypatch.setenv("AWS_SESSION_TOKEN", "env-token")
+        client = SyvainTrainingData(s3_base_url=fake.url)
+        assert client.storage_config.credential_source == "chain"
+        read(fake, client.storage_config)
+    assert fake.signing_keys() == ["AKIDENV"]
+    assert fake.s3_requests()[0][2]["x-amz-security-token"] == "env-token"
+    assert fake.credential_requests() == []
+
+
+def test_web_identity_comes_before_container_credentials(clean_env, monkeypatch, tmp_path):
+    missing = tmp_path / "no-such-token"
+    with FakeAws() as fake:
+        monkeypatch.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", str(missing))
+        monkeypatch.setenv("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/test")
+        monkeypatch.setenv("AWS_ENDPOINT_URL_STS", "https://127.0.0.1:9")
+        monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", f"{fake.url}/creds")
+        client = SyvainTrainingData(s3_base_url=fake.url)
+        with pytest.raises(ValueError) as info:
+            read(fake, client.storage_config)
+    message = str(info.value)
+    assert "could not get credentials from web identity" in message
+    assert str(missing) in message
+    assert fake.requests == []  # the token file is read before any request
+
+
+def write_token(path: Path, token: str) -> None:
+    path.write_text(token + "\n", encoding="utf-8")
+
+
+def test_container_credentials_with_a_token_file_refresh_when_due(clean_env, monkeypatch, tmp_path):
+    token_file = tmp_path / "eks-pod-identity-token"
+    write_token(token_file, "first-token")
+    with FakeAws(expires_in=0, container_token="first-token") as fake:
+        monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", f"{fake.url}/creds")
+        monkeypatch.setenv("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", str(token_file))
+        client = SyvainTrainingData(s3_base_url=fake.url)
+        read(fake, client.storage_config, times=2)
+        # The agent rotates the token: the file is read again for every fetch.
+        fake.container_token = "second-token"
+        write_token(token_file, "second-token")
+        read(fake, client.storage_config)
+    # Already due for refresh when issued: every signed request fetched new credentials.
+    assert fake.signing_keys() == ["KEY1", "KEY2", "KEY3"]
+    assert [h["x-amz-security-token"] for _, _, h in fake.s3_requests()] == [
+        "token-1",
+        "token-2",
+        "token-3",
+    ]
+    assert [h["authorization"] for _, _, h in fake.credential_requests()] == [
+        "first-token",
+        "first-token",
+        "second-token",
+    ]
+
+
+def test_container_credentials_with_a_token_value_are_cached_until_due(clean_env, monkeypatch):
+    with FakeAws(expires_in=3600, container_token="token-from-the-environment") as fake:
+        monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", f"{fake.url}/creds")
+        monkeypatch.setenv("AWS_CONTAINER_AUTHORIZATION_TOKEN", "token-from-the-environment")
+        client = SyvainTrainingData(s3_base_url=fake.url)
+        read(fake, client.storage_config, times=3)
+    assert fake.signing_keys() == ["KEY1", "KEY1", "KEY1"]
+    assert len(fake.credential_requests()) == 1
+
+
+def test_container_credentials_errors_fail_at_once(clean_env, monkeypatch):
+    with FakeAws(container_token="expected") as fake:
+        monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", f"{fake.url}/creds")
+        monkeypatch.setenv("AWS_CONTAINER_AUTHORIZATION_TOKEN", "wrong-token-value")
+        client = SyvainTrainingData(s3_base_url=fake.url)
+        with pytest.raises(ValueError) as info:
+            read(fake, client.storage_config)
+    assert f"container credentials ({fake.url}/creds)" in str(info.value)
+    assert "401" in str(info.value)
+    assert "wrong-token-value" not in str(info.value)
+    assert fake.s3_requests() == []
+
+
+def test_container_credentials_over_http_must_stay_local(clean_env, monkeypatch):
+    monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", "http://example.invalid/creds")
+    client = SyvainTrainingData(s3_base_url="http://127.0.0.1:9")
+    with pytest.raises(ValueError, match="must be https, or http to a loopback address"):
+        get_object("s3://bucket/key", storage_config=client.storage_config)
+
+
+@pytest.mark.parametrize("expires_in, keys", [(0, ["KEY1", "KEY2"]), (3600, ["KEY1", "KEY1"])])
+def test_instance_metadata_imdsv2(clean_env, monkeypatch, expires_in, keys):
+    with FakeAws(expires_in=expires_in) as fake:
+        monkeypatch.delenv("AWS_EC2_METADATA_DISABLED")
+        monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", fake.url)
+        client = SyvainTrainingData(s3_base_url=fake.url, region=f"imds-{expires_in}")
+        read(fake, client.storage_config, times=2)
+    assert fake.signing_keys() == keys
+    fetch = [
+        ("PUT", "/latest/api/token"),
+        ("GET", "/latest/meta-data/iam/security-credentials/"),
+        ("GET", f"/latest/meta-data/iam/security-credentials/{ROLE}"),
+    ]
+    requests = fake.credential_requests()
+    assert [(method, path) for method, path, _ in requests] == fetch * len(set(keys))
+    assert "x-aws-ec2-metadata-token-ttl-seconds" in requests[0][2]
+    assert all(h["x-aws-ec2-metadata-token"] == IMDS_TOKEN for _, _, h in requests[1:3])
+
+
+def test_container_credentials_come_before_instance_metadata(clean_env, monkeypatch):
+    with FakeAws() as fake:
+        monkeypatch.delenv("AWS_EC2_METADATA_DISABLED")
+        monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", fake.url)
+        monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", f"{fake.url}/creds")
+        client = SyvainTrainingData(s3_base_url=fake.url)
+        read(fake, client.storage_config)
+    assert [path for _, path, _ in fake.credential_requests()] == ["/creds"]
+
+
+# --- 4. credential providers ------------------------------------------------------------------
+
+
+class FileProvider:
+    """Reads the key pair from a JSON file, like a secret manager would: it pickles as its
+    path, so every process reads the file itself. Counts its calls in this process."""
+
+    calls = 0
+
+    def __init__(self, path: str, expires_in: float | None = None) -> None:
+        self.path = path
+        self.expires_in = expires_in
+
+    def __call__(self) -> Mapping[str, Any]:
+        type(self).calls += 1
+        with open(self.path, encoding="utf-8") as file:
+            keys = json.load(file)
+        result: dict[str, Any] = {
+            "access_key_id": keys["id"],
+            "secret_access_key": keys["secret"],
+        }
+        if self.expires_in is not None:
+            expires_at = datetime.datetime.now(UTC) + datetime.timedelta(seconds=self.expires_in)
+            result["expires_at"] = expires_at
+        return result
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FileProvider) and vars(other) == vars(self)
+
+    def __hash__(self) -> int:
+        return hash((self.path, self.expires_in))
+
+
+def keys_file(seaweed, tmp_path: Path) -> str:
+    path = tmp_path / "keys.json"
+    path.write_text(json.dumps({"id": seaweed.access_key_id, "secret": seaweed.secret_access_key}))
+    path.chmod(0o600)
+    return str(path)
+
+
+@pytest.mark.parametrize("expires_in, calls", [(None, 1), (3600, 1), (0, 3), (-60, 3)])
+def test_provider_signs_for_seaweedfs_and_is_called_again_when_due(
+    seaweed, s3_bucket, unique_prefix, tmp_path, clean_env, expires_in, calls
+):
+    provider = FileProvider(keys_file(seaweed, tmp_path), expires_in)
+    client = SyvainTrainingData(
+        s3_base_url=seaweed.endpoint, region=seaweed.region, credential_provider=provider
+    )
+    FileProvider.calls = 0
+    uri = f"s3://{s3_bucket}/{unique_prefix}/provided.bin"
+    put_object(uri, b"provided", storage_config=client.storage_config)
+    assert get_object(uri, storage_config=client.storage_config) == b"provided"
+    assert head_object(uri, storage_config=client.storage_config).size == 8
+    assert FileProvider.calls == calls
+    assert "credential_provider=test_credentials.FileProvider" in repr(client)
+
+
+def test_provider_is_called_from_other_threads_without_the_gil(clean_env):
+    """Requests from several threads at once: the provider runs on the native client's
+    blocking threads, which take the GIL only for the call, while the callers wait without
+    it (a provider that waits for another Python thread would deadlock otherwise)."""
+    release = threading.Event()
+    callers: list[str] = []
+
+    def provider() -> Mapping[str, Any]:
+        callers.append(threading.current_thread().name)
+        assert release.wait(timeout=60)  # set by the main thread, which needs the GIL
+        return {
+            "access_key_id": "AKIDTHREADS",
+            "secret_access_key": "secret",
+            "session_token": "provided-token",
+            "expires_at": datetime.datetime.now(UTC),  # due at once: called for every request
+        }
+
+    with FakeAws() as fake:
+        config = SyvainTrainingData(s3_base_url=fake.url, credential_provider=provider)
+        errors: list[BaseException] = []
+
+        def work(i: int) -> None:
+            try:
+                get_object(f"s3://bucket/t{i}", storage_config=config.storage_config)
+            except BaseException as error:  # noqa: BLE001 - reported below
+                errors.append(error)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        release.set()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert errors == []
+    assert fake.signing_keys() == ["AKIDTHREADS"] * 4
+    assert all(h["x-amz-security-token"] == "provided-token" for _, _, h in fake.s3_requests())
+    assert len(callers) >= 4 and threading.main_thread().name not in callers
+
+
+def _returns(value: Any):
+    def provider() -> Any:
+        return value
+
+    provider.__qualname__ = "bad_provider"
+    return provider
+
+
+SECRET = "do-not-echo-this-secret"
+GOOD = {"access_key_id": "AKID", "secret_access_key": SECRET}
+
+
+@pytest.mark.parametrize(
+    "returned, message",
+    [
+        (None, "returned NoneType; expected a mapping"),
+        ({"access_key_id": "AKID"}, "returned no secret_access_key"),
+        ({**GOOD, "access_key_id": 12}, "returned access_key_id of type int; expected str"),
+        ({**GOOD, "session_token": b"bytes"}, "returned session_token of type bytes"),
+        ({**GOOD, "secret_access_key": ""}, "returned an empty secret_access_key"),
+        ({**GOOD, "expires_at": "tomorrow"}, "returned expires_at of type str"),
+        ({**GOOD, "expires_at": datetime.datetime(2030, 1, 1)}, "returned a naive expires_at"),
+        ({**GOOD, "secret_key": SECRET}, "returned unknown keys ['secret_key']"),
+    ],
+)
+def test_bad_provider_answers_are_clear_errors(clean_env, returned, message):
+    client = SyvainTrainingData(
+        s3_base_url="http://127.0.0.1:9", credential_provider=_returns(returned)
+    )
+    with pytest.raises(ValueError) as info:
+        get_object("s3://bucket/key", storage_config=client.storage_config)
+    text = str(info.value)
+    assert "credential_provider test_credentials.bad_provider" in text
+    assert message in text
+    assert SECRET not in text
+
+
+def test_a_failing_provider_is_named(clean_env):
+    def failing() -> Mapping[str, Any]:
+        raise RuntimeError("the vault is sealed")
+
+    client = SyvainTrainingData(s3_base_url="http://127.0.0.1:9", credential_provider=failing)
+    with pytest.raises(ValueError, match="failing raised RuntimeError: the vault is sealed"):
+        get_object("s3://bucket/key", storage_config=client.storage_config)
+
+
+def test_a_provider_pickles_as_itself(tmp_path, clean_env):
+    provider = FileProvider(str(tmp_path / "keys.json"), 60)
+    config = StorageConfig.create(s3_base_url="http://127.0.0.1:9", credential_provider=provider)
+    assert pickle.loads(pickle.dumps(config)) == config
+    assert pickle.loads(pickle.dumps(config)).credential_provider == provider
+    with pytest.raises(ValueError, match="one source of credentials"):
+        StorageConfig.create(credential_provider=provider, access_key_id="a", secret_access_key="b")
+
+
+def _save_in_worker(saver, part: int):
+    return saver.save("train", None, [{"id": part}], shard_id=f"p{part}")
+
+
+def _save_pickled_in_worker(pickled: bytes, part: int):
+    return _save_in_worker(pickle.loads(pickled), part)
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_provider_in_worker_processes(
+    seaweed, s3_bucket, unique_prefix, tmp_path, clean_env, method
+):
+    """Each worker resolves its own credentials: the provider reaches it inside the saver,
+    through multiprocessing's pickler and through a plain pickle alike, with no AWS_*
+    variables anywhere."""
+    provider = FileProvider(keys_file(seaweed, tmp_path), expires_in=3600)
+    client = SyvainTrainingData(
+        s3_base_url=seaweed.endpoint, region=seaweed.region, credential_provider=provider
+    )
+    saver = client.dataset_saver(
+        f"s3://{s3_bucket}/{unique_prefix}/data-manifest.json", data_format="msgpack.zstf"
+    )
+    pickled = pickle.dumps(saver)
+    assert seaweed.secret_access_key.encode() not in pickled
+    context = multiprocessing.get_context(method)
+    with ProcessPoolExecutor(max_workers=2, mp_context=context) as pool:
+        direct = list(pool.map(_save_in_worker, [saver, saver], [0, 1]))
+        plain = list(pool.map(_save_pickled_in_worker, [pickled, pickled], [2, 3]))
+    manifest = saver.commit_manifest()
+    assert manifest.splits["train"].shards == sorted(direct + plain, key=lambda s: s.uri)
+    ids = [
+        row["id"]
+        for shard in manifest.splits["train"].shards
+        for row in iter_shard("msgpack.zstf", shard, storage_config=client.storage_config)
+    ]
+    assert sorted(ids) == [0, 1, 2, 3]
+
+
+# --- 5. AWS profiles --------------------------------------------------------------------------
+
+
+def write_aws_files(tmp_path: Path, monkeypatch, config: str, credentials: str = "") -> None:
+    (tmp_path / "config").write_text(config, encoding="utf-8")
+    (tmp_path / "credentials").write_text(credentials, encoding="utf-8")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+
+
+def test_profile_with_static_keys_signs_for_seaweedfs(
+    seaweed, s3_bucket, unique_prefix, tmp_path, clean_env, monkeypatch
+):
+    pytest.importorskip("botocore")
+    write_aws_files(
+        tmp_path,
+        monkeypatch,
+        "[profile data]\nregion = us-east-1\n",
+        f"[data]\naws_access_key_id = {seaweed.access_key_id}\n"
+        f"aws_secret_access_key = {seaweed.secret_access_key}\n",
+    )
+    client = SyvainTrainingData(s3_base_url=seaweed.endpoint, region=seaweed.region, profile="data")
+    uri = f"s3://{s3_bucket}/{unique_prefix}/profile.bin"
+    put_object(uri, b"from a profile", storage_config=client.storage_config)
+    assert get_object(uri, storage_config=client.storage_config) == b"from a profile"
+    assert "profile='data'" in repr(client)
+    # AWS_PROFILE: from_env picks it, and so does the chain of a client without keys.
+    monkeypatch.setenv("AWS_PROFILE", "data")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", seaweed.endpoint)
+    assert SyvainTrainingData.from_env().storage_config.profile == "data"
+    chain = SyvainTrainingData(s3_base_url=seaweed.endpoint, region=seaweed.region)
+    assert get_object(uri, storage_config=chain.storage_config) == b"from a profile"
+
+
+def test_profile_with_credential_process_sends_its_token(tmp_path, clean_env, monkeypatch):
+    pytest.importorskip("botocore")
+    answer = {
+        "Version": 1,
+        "AccessKeyId": "AKIDPROCESS",
+        "SecretAccessKey": "process-secret",
+        "SessionToken": "process-token",
+        "Expiration": (datetime.datetime.now(UTC) + datetime.timedelta(hours=1)).strftime(
+            "%Y-%m-%dT%H:%M:%SZ"
+        ),
+    }
+    script = tmp_path / "credential_process.py"
+    script.write_text(f"import json\nprint(json.dumps({answer!r}))\n", encoding="utf-8")
+    write_aws_files(
+        tmp_path, monkeypatch, f"[profile proc]\ncredential_process = {sys.executable} {script}\n"
+    )
+    with FakeAws() as fake:
+        client = SyvainTrainingData(s3_base_url=fake.url, profile="proc")
+        read(fake, client.storage_config, times=2)
+    assert fake.signing_keys() == ["AKIDPROCESS", "AKIDPROCESS"]
+    assert all(h["x-amz-security-token"] == "process-token" for _, _, h in fake.s3_requests())
+
+
+def test_profiles_without_botocore_name_the_extra(clean_env, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "botocore", None)
+    monkeypatch.setitem(sys.modules, "botocore.session", None)
+    with pytest.raises(ModuleNotFoundError) as info:
+        SyvainTrainingData(s3_base_url="http://127.0.0.1:9", profile="data")
+    assert "'aws' extra" in str(info.value)
+    assert "pip install 'syvain-training-data[aws]'" in str(info.value)
+    # AWS_PROFILE set: local files still work; the first s3:// request names the extra.
+    monkeypatch.setenv("AWS_PROFILE", "data")
+    client = SyvainTrainingData(s3_base_url="http://127.0.0.1:9", region="no-botocore")
+    put_object(f"file://{tmp_path}/x", b"local", storage_config=client.storage_config)
+    with pytest.raises(ValueError, match=r"AWS_PROFILE=data.*syvain-training-data\[aws\]"):
+        get_object("s3://bucket/key", storage_config=client.storage_config)
