@@ -2,9 +2,10 @@
 
 ``FakeAws`` plays, on one port:
 
-- an S3-compatible store that accepts anything (GET and HEAD of any key answer ``hello``, PUT
-  answers an etag) and records each request's method, path and headers, so a test can see
-  which credentials signed it (``Authorization``, ``x-amz-security-token``);
+- an S3-compatible store that accepts anything (GET and HEAD of a key answer its bytes in
+  ``objects``, or ``hello``; PUT answers an etag) and records each request's method, path and
+  headers, so a test can see which credentials signed it (``Authorization``,
+  ``x-amz-security-token``);
 - the container credentials service (``GET /creds``, checking ``Authorization`` when a token
   is expected);
 - the EC2 instance metadata service, IMDSv2 (``PUT /latest/api/token``, then
@@ -104,7 +105,7 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._send(404)
             return
-        body = b"hello"
+        body = fake.objects.get(self.path.split("?", 1)[0], b"hello")
         self._send(
             200,
             body,
@@ -128,6 +129,8 @@ class FakeAws:
         self.expires_in = expires_in
         self.container_token = container_token
         self.requests: list[tuple[str, str, dict[str, str]]] = []
+        # GET bodies by path ("/bucket/key"); any other key answers b"hello".
+        self.objects: dict[str, bytes] = {}
         self.issued = 0
         self.lock = threading.Lock()
         self._server = _Server(("127.0.0.1", 0), _Handler)

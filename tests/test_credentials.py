@@ -8,6 +8,7 @@ also records the headers of every store request (who signed it, with which token
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import multiprocessing
@@ -399,6 +400,27 @@ def test_a_failing_provider_is_named(clean_env):
         get_object("s3://bucket/key", storage_config=client.storage_config)
 
 
+@dataclasses.dataclass
+class UnhashableProvider:
+    key_id: str
+
+    def __call__(self) -> Mapping[str, Any]:
+        return {"access_key_id": self.key_id, "secret_access_key": "secret"}
+
+
+def test_an_unhashable_provider_works(clean_env):
+    with FakeAws() as fake:
+        client = SyvainTrainingData(
+            s3_base_url=fake.url, credential_provider=UnhashableProvider("AKIDDATACLASS")
+        )
+        read(fake, client.storage_config)
+        same = StorageConfig.create(
+            s3_base_url=fake.url, credential_provider=UnhashableProvider("AKIDDATACLASS")
+        )
+        assert same == client.storage_config and hash(same) == hash(client.storage_config)
+    assert fake.signing_keys() == ["AKIDDATACLASS"]
+
+
 def test_a_provider_pickles_as_itself(tmp_path, clean_env):
     provider = FileProvider(str(tmp_path / "keys.json"), 60)
     config = StorageConfig.create(s3_base_url="http://127.0.0.1:9", credential_provider=provider)
@@ -516,3 +538,67 @@ def test_profiles_without_botocore_name_the_extra(clean_env, monkeypatch, tmp_pa
     put_object(f"file://{tmp_path}/x", b"local", storage_config=client.storage_config)
     with pytest.raises(ValueError, match=r"AWS_PROFILE=data.*syvain-training-data\[aws\]"):
         get_object("s3://bucket/key", storage_config=client.storage_config)
+    # from_env takes AWS_PROFILE as the client's profile: the same, lazily.
+    from_env = SyvainTrainingData.from_env(
+        {"AWS_PROFILE": "data", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
+    )
+    assert from_env.storage_config.profile == "data"
+    with pytest.raises(ValueError, match=r"profile 'data'.*'aws' extra"):
+        get_object("s3://bucket/key", storage_config=from_env.storage_config)
+
+
+# --- 6. the command line ----------------------------------------------------------------------
+
+MANIFEST = {
+    "version": 1,
+    "data_format": "jsonl.gz",
+    "splits": {
+        "train": {
+            "records": 1,
+            "shards": [{"uri": "s3://bucket/shard.jsonl.gz", "records": 1, "size_bytes": 1}],
+        }
+    },
+}
+
+
+def cli(*argv: str, env: Mapping[str, str]) -> tuple[int, str, str]:
+    import io
+
+    from syvain_training_data.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), environ=dict(env), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_cli_no_sign_request_and_profile(clean_env, monkeypatch, tmp_path):
+    with FakeAws() as fake:
+        fake.objects["/bucket/m.json"] = json.dumps(MANIFEST).encode()
+        keys = {
+            "AWS_ENDPOINT_URL": fake.url,
+            "AWS_ACCESS_KEY_ID": "AKIDENV",
+            "AWS_SECRET_ACCESS_KEY": "env-secret",
+        }
+        code, out, err = cli("--no-sign-request", "inspect", "s3://bucket/m.json", env=keys)
+        assert (code, err) == (0, "") and "train" in out
+        code, _, _ = cli("inspect", "s3://bucket/m.json", env=keys)
+        assert code == 0
+        pytest.importorskip("botocore")
+        write_aws_files(
+            tmp_path,
+            monkeypatch,
+            "",
+            "[cli]\naws_access_key_id = AKIDPROFILE\naws_secret_access_key = s\n",
+        )
+        code, _, err = cli("inspect", "s3://bucket/m.json", "--profile", "cli", env=keys)
+        assert (code, err) == (0, "")
+    # Unsigned, then the environment's keys, then the profile (which wins over them).
+    assert fake.signing_keys() == [None, "AKIDENV", "AKIDPROFILE"]
+
+
+def test_cli_credential_usage_errors(clean_env):
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
+    code, _, err = cli("--profile", "a", "--no-sign-request", "inspect", "s3://b/m.json", env=env)
+    assert code == 2 and "give one of --profile, --no-sign-request" in err
+    code, _, err = cli("inspect", "s3://b/m.json", env=env)
+    assert code == 2 and "no credentials found; tried" in err

@@ -120,6 +120,29 @@ class StorageConfig(BaseModel):
             raise ValueError(f"give one source of credentials, not {' and '.join(sources)}")
         return self
 
+    def __hash__(self) -> int:
+        # Configs key the native client cache: a provider that cannot be hashed (a dataclass
+        # with eq=True, say) hashes by its type, which keeps equal configs' hashes equal.
+        provider: Any = self.credential_provider
+        try:
+            provider_key = hash(provider)
+        except TypeError:
+            provider_key = hash(type(provider))
+        return hash(
+            (
+                self.s3_base_url,
+                self.region,
+                self.access_key_id,
+                self.secret_access_key,
+                self.session_token,
+                self.virtual_hosted_style_request,
+                self.skip_signature,
+                provider_key,
+                self.profile,
+                self.picklable_secret,
+            )
+        )
+
     @property
     def credential_source(self) -> str:
         """``"static"``, ``"unsigned"``, ``"provider"``, ``"profile"`` or ``"chain"``."""
