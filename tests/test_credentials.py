@@ -248,6 +248,23 @@ def test_instance_metadata_imdsv2(clean_env, monkeypatch, expires_in, keys):
     assert all(h["x-aws-ec2-metadata-token"] == IMDS_TOKEN for _, _, h in requests[1:3])
 
 
+def test_unreachable_instance_metadata_names_every_source_tried(clean_env, monkeypatch):
+    import socket
+
+    with socket.socket() as closed:  # a loopback port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    monkeypatch.delenv("AWS_EC2_METADATA_DISABLED")
+    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", endpoint)
+    client = SyvainTrainingData(s3_base_url="http://127.0.0.1:9")
+    with pytest.raises(ValueError) as info:
+        get_object("s3://bucket/key", storage_config=client.storage_config)
+    message = str(info.value)
+    assert message.startswith("s3://bucket/key: no credentials found; tried environment")
+    assert "web identity" in message and "container credentials" in message
+    assert f"could not get credentials from instance metadata (IMDSv2 at {endpoint})" in message
+
+
 def test_container_credentials_come_before_instance_metadata(clean_env, monkeypatch):
     with FakeAws() as fake:
         monkeypatch.delenv("AWS_EC2_METADATA_DISABLED")
