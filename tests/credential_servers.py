@@ -178,3 +178,112 @@ class FakeAws:
             else:
                 keys.append(authorization.split("Credential=", 1)[1].split("/", 1)[0])
         return keys
+
+
+class _StsHandler(BaseHTTPRequestHandler):
+    server: _StsServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def do_POST(self) -> None:  # noqa: N802
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        from urllib.parse import parse_qs, urlsplit
+
+        query = {
+            name: values[0]
+            for name, values in parse_qs(
+                urlsplit(self.path).query or body.decode(), keep_blank_values=True
+            ).items()
+        }
+        sts = self.server.sts
+        with sts.lock:
+            sts.calls.append(query)
+            sts.issued += 1
+            number = sts.issued
+        expiration = datetime.datetime.now(datetime.UTC) + datetime.timedelta(
+            seconds=sts.expires_in
+        )
+        answer = (
+            "<AssumeRoleWithWebIdentityResponse><AssumeRoleWithWebIdentityResult><Credentials>"
+            f"<AccessKeyId>WEBKEY{number}</AccessKeyId>"
+            f"<SecretAccessKey>web-secret-{number}</SecretAccessKey>"
+            f"<SessionToken>web-token-{number}</SessionToken>"
+            f"<Expiration>{expiration.strftime('%Y-%m-%dT%H:%M:%SZ')}</Expiration>"
+            "</Credentials></AssumeRoleWithWebIdentityResult></AssumeRoleWithWebIdentityResponse>"
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/xml")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+
+class _StsServer(ThreadingHTTPServer):
+    daemon_threads = True
+    sts: FakeSts
+
+
+class FakeSts:
+    """AssumeRoleWithWebIdentity over HTTPS on 127.0.0.1 (object_store calls STS over HTTPS
+    only), with a certificate of ``certificate_authority``'s; records each call's parameters."""
+
+    def __init__(self, cert_file: str, key_file: str, *, expires_in: float = 3600) -> None:
+        import ssl
+
+        self.expires_in = expires_in
+        self.calls: list[dict[str, str]] = []
+        self.issued = 0
+        self.lock = threading.Lock()
+        self._server = _StsServer(("127.0.0.1", 0), _StsHandler)
+        self._server.sts = self
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert_file, key_file)
+        self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"https://{host}:{port}"
+
+    def __enter__(self) -> FakeSts:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+def certificate_authority(directory: str) -> tuple[str, str, str]:
+    """A throwaway CA and a server certificate for 127.0.0.1 made with the openssl command:
+    (CA certificate file, server certificate file, server key file)."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(directory)
+    ca_key, ca_cert = root / "ca.key", root / "ca.pem"
+    key, csr, cert, ext = (
+        root / "server.key",
+        root / "server.csr",
+        root / "server.pem",
+        root / "ext",
+    )
+    ext.write_text(
+        "basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"
+    )
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key),
+            "-out", str(ca_cert), "-days", "2", "-subj", "/CN=syvain test CA")  # fmt: skip
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr),
+            "-subj", "/CN=127.0.0.1")  # fmt: skip
+    openssl("x509", "-req", "-in", str(csr), "-CA", str(ca_cert), "-CAkey", str(ca_key),
+            "-CAcreateserial", "-out", str(cert), "-days", "2", "-extfile", str(ext))  # fmt: skip
+    return str(ca_cert), str(cert), str(key)

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from credential_servers import IMDS_TOKEN, ROLE, FakeAws
+from credential_servers import IMDS_TOKEN, ROLE, FakeAws, FakeSts, certificate_authority
 from syvain_training_data import SyvainTrainingData
 from syvain_training_data.shard import iter_shard
 from syvain_training_data.storage import (
@@ -167,6 +167,37 @@ def test_web_identity_comes_before_container_credentials(clean_env, monkeypatch,
     assert "could not get credentials from web identity" in message
     assert str(missing) in message
     assert fake.requests == []  # the token file is read before any request
+
+
+@pytest.mark.parametrize("expires_in, keys", [(0, ["WEBKEY1", "WEBKEY2"]), (3600, ["WEBKEY1"] * 2)])
+def test_web_identity_assumes_the_role_and_refreshes(
+    clean_env, monkeypatch, tmp_path, expires_in, keys
+):
+    """AssumeRoleWithWebIdentity against an STS of ours over HTTPS on 127.0.0.1 (its CA is
+    trusted through SSL_CERT_FILE), reading the rotated token file for every call."""
+    import shutil
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    ca, cert, key = certificate_authority(str(tmp_path))
+    token_file = tmp_path / "web-identity-token"
+    token_file.write_text("jwt-1")  # sent as read (object_store does not strip it)
+    with FakeSts(cert, key, expires_in=expires_in) as sts, FakeAws() as fake:
+        monkeypatch.setenv("SSL_CERT_FILE", ca)
+        monkeypatch.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", str(token_file))
+        monkeypatch.setenv("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/reader")
+        monkeypatch.setenv("AWS_ROLE_SESSION_NAME", "syvain-test")
+        monkeypatch.setenv("AWS_ENDPOINT_URL_STS", sts.url)
+        client = SyvainTrainingData(s3_base_url=fake.url, region=f"web-{expires_in}")
+        read(fake, client.storage_config)
+        token_file.write_text("jwt-2")  # the token is rotated: read again for every call
+        read(fake, client.storage_config)
+    assert fake.signing_keys() == keys
+    assert fake.s3_requests()[0][2]["x-amz-security-token"] == "web-token-1"
+    assert [call["WebIdentityToken"] for call in sts.calls] == ["jwt-1", "jwt-2"][: len(set(keys))]
+    assert {call["Action"] for call in sts.calls} == {"AssumeRoleWithWebIdentity"}
+    assert {call["RoleArn"] for call in sts.calls} == {"arn:aws:iam::123456789012:role/reader"}
+    assert {call["RoleSessionName"] for call in sts.calls} == {"syvain-test"}
 
 
 def write_token(path: Path, token: str) -> None:
