@@ -516,6 +516,30 @@ def test_provider_in_worker_processes(
     assert sorted(ids) == [0, 1, 2, 3]
 
 
+def _ids(batch: list[dict[str, Any]]) -> list[str]:
+    return [record["id"] for record in batch]
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_provider_in_loader_workers(seaweed, s3_bucket, unique_prefix, tmp_path, clean_env, method):
+    """DataLoader workers (started by each method) read with the provider the dataset carries."""
+    pytest.importorskip("torch")
+    provider = FileProvider(keys_file(seaweed, tmp_path), expires_in=3600)
+    client = SyvainTrainingData(
+        s3_base_url=seaweed.endpoint, region=seaweed.region, credential_provider=provider
+    )
+    uri = f"s3://{s3_bucket}/{unique_prefix}/data-manifest.json"
+    saver = client.dataset_saver(uri, data_format="msgpack.zstf")
+    for part in range(3):
+        records = [{"id": f"{part}-{i}"} for i in range(5)]
+        saver.save("train", None, records, shard_id=f"part-{part}")
+    saver.commit_manifest()
+    args = {"num_workers": 2, "batch_size": 4, "multiprocessing_context": method}
+    loader = client.split_data_loader(uri, _ids, args).load("train")
+    ids = [record_id for batch in loader for record_id in batch]
+    assert sorted(ids) == sorted(f"{part}-{i}" for part in range(3) for i in range(5))
+
+
 # --- 5. AWS profiles --------------------------------------------------------------------------
 
 

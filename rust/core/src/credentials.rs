@@ -176,7 +176,16 @@ impl CredentialProvider for ChainProvider {
     type Credential = AwsCredential;
 
     async fn get_credential(&self) -> object_store::Result<Arc<AwsCredential>> {
-        let resolved = self.resolve()?;
+        // Setting a source up can fail too (a client that cannot be built): never retried.
+        let resolved = self
+            .resolve()
+            .map_err(|error| match find_credential_error(&error) {
+                Some(_) => error,
+                None => credential_error(format!(
+                    "could not set up a credential source: {}",
+                    error_chain(&error)
+                )),
+            })?;
         resolved.provider.get_credential().await.map_err(|error| {
             let detail = match find_credential_error(&error) {
                 Some(found) => found.0.clone(),
@@ -252,14 +261,10 @@ fn resolve_chain(region: &str, policy: &Policy) -> object_store::Result<Resolved
     tried.push("web identity (AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN: not set)".into());
 
     // 3. Container credentials (ECS task roles, EKS Pod Identity).
-    let url = match (
+    let url = container_url(
         env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"),
         env("AWS_CONTAINER_CREDENTIALS_FULL_URI"),
-    ) {
-        (Some(relative), _) => Some(format!("{ECS_CREDENTIALS_HOST}{relative}")),
-        (None, Some(full)) => Some(full),
-        (None, None) => None,
-    };
+    );
     if let Some(url) = url {
         let token = match (
             env("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"),
@@ -305,6 +310,15 @@ fn resolve_chain(region: &str, policy: &Policy) -> object_store::Result<Resolved
         tried,
         provider: store.credentials().clone(),
     })
+}
+
+/// The container credentials URI: the relative one (ECS) on the task credentials host wins over
+/// the full one, as in the AWS SDKs.
+fn container_url(relative: Option<String>, full: Option<String>) -> Option<String> {
+    match (relative, full) {
+        (Some(relative), _) => Some(format!("{ECS_CREDENTIALS_HOST}{relative}")),
+        (None, full) => full,
+    }
 }
 
 /// The authorization token a container credentials request carries.
@@ -498,6 +512,18 @@ mod tests {
         ] {
             assert!(check_container_url(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_relative_container_uri_wins_and_goes_to_the_ecs_host() {
+        let full = Some("http://127.0.0.1:9/creds".to_string());
+        assert_eq!(
+            container_url(Some("/v2/credentials/abc".into()), full.clone()).as_deref(),
+            Some("http://169.254.170.2/v2/credentials/abc")
+        );
+        assert_eq!(container_url(None, full.clone()), full);
+        assert_eq!(container_url(None, None), None);
+        assert!(check_container_url("http://169.254.170.2/v2/credentials/abc").is_ok());
     }
 
     #[test]
