@@ -92,6 +92,27 @@ def test_from_env_reads_the_session_token(clean_env, monkeypatch):
         StorageConfig.create(session_token="orphan-token")
 
 
+def test_the_native_client_names_its_source_never_a_secret(clean_env):
+    base = "http://127.0.0.1:9"
+    for config, kind in [
+        (
+            StorageConfig.create(
+                s3_base_url=base,
+                access_key_id="AKID",
+                secret_access_key="secret-value-1",
+                session_token="token-value-1",
+            ),
+            "static",
+        ),
+        (StorageConfig.create(s3_base_url=base, skip_signature=True), "unsigned"),
+        (StorageConfig.create(s3_base_url=base, credential_provider=_returns(GOOD)), "provider"),
+        (StorageConfig.create(s3_base_url=base), "chain"),
+    ]:
+        text = repr(native_storage(config))
+        assert f'credentials="{kind}"' in text
+        assert "secret-value-1" not in text and "token-value-1" not in text
+
+
 # --- 2. unsigned requests ---------------------------------------------------------------------
 
 

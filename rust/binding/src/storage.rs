@@ -60,6 +60,7 @@ impl NativeStorage {
             virtual_hosted_style_request,
             skip_signature,
             credential_provider,
+            default_chain: false,
         };
         // Misconfiguration fails at once, not on first use.
         Ok(Self {

@@ -28,6 +28,8 @@ pub struct StoreConfig {
     pub virtual_hosted_style_request: bool,
     pub skip_signature: bool,
     pub credential_provider: Option<AwsCredentialProvider>,
+    /// Set by [`StoreConfig::resolved`] when `credential_provider` is the default chain.
+    pub default_chain: bool,
 }
 
 impl StoreConfig {
@@ -35,6 +37,8 @@ impl StoreConfig {
     pub fn credential_source(&self) -> &'static str {
         if self.skip_signature {
             "unsigned"
+        } else if self.default_chain {
+            "chain"
         } else if self.credential_provider.is_some() {
             "provider"
         } else if self.access_key_id.is_some() || self.secret_access_key.is_some() {
@@ -49,6 +53,7 @@ impl StoreConfig {
     pub fn resolved(mut self) -> Self {
         if self.credential_source() == "chain" {
             self.credential_provider = Some(Arc::new(ChainProvider::new(&self.region)));
+            self.default_chain = true;
         }
         self
     }
@@ -398,5 +403,8 @@ mod tests {
         let shown = format!("{config:?}");
         assert!(!shown.contains("very-secret"), "{shown}");
         assert!(shown.contains("static"), "{shown}");
+        let chain = StoreConfig::default().resolved();
+        assert_eq!(chain.credential_source(), "chain");
+        assert!(chain.credential_provider.is_some());
     }
 }
