@@ -300,6 +300,26 @@ def test_instance_metadata_imdsv2(clean_env, monkeypatch, expires_in, keys):
     assert all(h["x-aws-ec2-metadata-token"] == IMDS_TOKEN for _, _, h in requests[1:3])
 
 
+def _read_from(config: StorageConfig) -> None:
+    assert get_object("s3://bucket/worker", storage_config=config) == b"hello"
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_each_process_resolves_the_chain_itself(clean_env, monkeypatch, method):
+    """A worker (forked or spawned) fetches its own credentials from its own environment and
+    connections; the parent keeps its cached ones. (Not forkserver: its children inherit the
+    environment the fork server started with, not this test's.)"""
+    with FakeAws(expires_in=3600) as fake:
+        monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", f"{fake.url}/creds")
+        client = SyvainTrainingData(s3_base_url=fake.url, region=f"per-process-{method}")
+        read(fake, client.storage_config)
+        context = multiprocessing.get_context(method)
+        with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+            pool.submit(_read_from, client.storage_config).result()
+        read(fake, client.storage_config)
+    assert fake.signing_keys() == ["KEY1", "KEY2", "KEY1"]
+
+
 def test_unreachable_instance_metadata_names_every_source_tried(clean_env, monkeypatch):
     import socket
 
