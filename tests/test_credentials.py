@@ -456,26 +456,31 @@ GOOD = {"access_key_id": "AKID", "secret_access_key": SECRET}
 
 
 @pytest.mark.parametrize(
-    "returned, message",
+    "returned, error, message",
     [
-        (None, "returned NoneType; expected a mapping"),
-        ({"access_key_id": "AKID"}, "returned no secret_access_key"),
-        ({**GOOD, "access_key_id": 12}, "returned access_key_id of type int; expected str"),
-        ({**GOOD, "session_token": b"bytes"}, "returned session_token of type bytes"),
-        ({**GOOD, "secret_access_key": ""}, "returned an empty secret_access_key"),
-        ({**GOOD, "expires_at": "tomorrow"}, "returned expires_at of type str"),
-        ({**GOOD, "expires_at": datetime.datetime(2030, 1, 1)}, "returned a naive expires_at"),
-        ({**GOOD, "secret_key": SECRET}, "returned unknown keys ['secret_key']"),
+        (None, TypeError, "returned NoneType; expected a mapping"),
+        ({"access_key_id": "AKID"}, ValueError, "returned no secret_access_key"),
+        ({**GOOD, "access_key_id": 12}, TypeError, "returned access_key_id of type int"),
+        ({**GOOD, "session_token": b"x"}, TypeError, "returned session_token of type bytes"),
+        ({**GOOD, "secret_access_key": ""}, ValueError, "returned an empty secret_access_key"),
+        ({**GOOD, "expires_at": "tomorrow"}, TypeError, "returned expires_at of type str"),
+        (
+            {**GOOD, "expires_at": datetime.datetime(2030, 1, 1)},
+            ValueError,
+            "returned a naive expires_at",
+        ),
+        ({**GOOD, "secret_key": SECRET}, ValueError, "returned unknown keys ['secret_key']"),
     ],
 )
-def test_bad_provider_answers_are_clear_errors(clean_env, returned, message):
+def test_bad_provider_answers_are_clear_errors(clean_env, returned, error, message):
     client = SyvainTrainingData(
         s3_base_url="http://127.0.0.1:9", credential_provider=_returns(returned)
     )
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(error) as info:
         get_object("s3://bucket/key", storage_config=client.storage_config)
+    assert type(info.value) is error
     text = str(info.value)
-    assert "credential_provider test_credentials.bad_provider" in text
+    assert text.startswith("s3://bucket/key: credential_provider test_credentials.bad_provider")
     assert message in text
     assert SECRET not in text
 

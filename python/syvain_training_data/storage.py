@@ -51,7 +51,9 @@ class StorageConfig(BaseModel):
     - ``skip_signature=True``: unsigned requests (a public bucket), no ``Authorization`` header.
     - ``credential_provider``: a picklable callable returning a mapping with
       ``access_key_id``, ``secret_access_key``, optional ``session_token`` and optional
-      ``expires_at`` (an aware ``datetime``); called again shortly before ``expires_at``.
+      ``expires_at`` (an aware ``datetime``); called again shortly before ``expires_at``. A bad
+      answer fails the request with a TypeError (wrong type) or ValueError naming the provider
+      and the field, never a value; so does an exception it raises (a ValueError).
     - ``profile``: an AWS profile of ``~/.aws/config`` and ``credentials`` (SSO,
       ``credential_process``, assume-role), through botocore (the ``aws`` extra).
     - none of these: the AWS SDKs' default chain, resolved in each process when it first

@@ -9,8 +9,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use object_store::aws::AwsCredential;
 use object_store::CredentialProvider;
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use syvain_core::credentials::{credential_error, CredentialCache};
+use syvain_core::credentials::{credential_error, credential_error_of, CredentialCache};
 
 /// What the Python side's validating wrapper returns: (access key id, secret, session token,
 /// seconds until expiry).
@@ -47,16 +48,12 @@ impl PyCredentialProvider {
     }
 }
 
-/// The first line of a Python exception, as "TypeName: message".
-fn describe(py: Python<'_>, error: &PyErr) -> String {
-    let kind = error
-        .get_type(py)
-        .name()
-        .map(|n| n.to_string())
-        .unwrap_or_else(|_| "Exception".to_string());
+/// The first line of the wrapper's exception (which names the provider and the field, never a
+/// value), and whether it is a TypeError (a value of the wrong type).
+fn describe(py: Python<'_>, error: &PyErr) -> (String, bool) {
     let text = error.value(py).to_string();
-    let first = text.lines().next().unwrap_or("");
-    format!("{kind}: {first}")
+    let first = text.lines().next().unwrap_or("").to_string();
+    (first, error.is_instance_of::<PyTypeError>(py))
 }
 
 #[async_trait]
@@ -78,8 +75,8 @@ impl CredentialProvider for PyCredentialProvider {
         })
         .await
         .map_err(|e| credential_error(format!("credential provider {}: {e}", self.name)))?;
-        // The wrapper's messages name the provider and the field, never a value.
-        let (key_id, secret_key, token, expires_in) = called.map_err(credential_error)?;
+        let (key_id, secret_key, token, expires_in) =
+            called.map_err(|(message, wrong_type)| credential_error_of(message, wrong_type))?;
         let credential = Arc::new(AwsCredential {
             key_id,
             secret_key,

@@ -38,7 +38,11 @@ pub fn classify_store_error(
     }
     // No credentials: fails at once, with the message of the source (never a secret).
     if let Some(found) = crate::credentials::find_credential_error(&error) {
-        return StoreFailure::Fatal(NativeError::Config(format!("{uri}: {}", found.0)));
+        let message = format!("{uri}: {}", found.message);
+        return StoreFailure::Fatal(match found.wrong_type {
+            true => NativeError::ConfigType(message),
+            false => NativeError::Config(message),
+        });
     }
     let detail = error_chain(&error);
     match error {

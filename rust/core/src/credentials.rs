@@ -32,12 +32,16 @@ pub const DEFAULT_METADATA_ENDPOINT: &str = "http://169.254.169.254";
 pub const ECS_CREDENTIALS_HOST: &str = "http://169.254.170.2";
 
 /// Credentials could not be obtained. The message names the source; never a secret.
+/// `wrong_type`: a provider answered a value of the wrong type (TypeError, not ValueError).
 #[derive(Debug)]
-pub struct CredentialError(pub String);
+pub struct CredentialError {
+    pub message: String,
+    pub wrong_type: bool,
+}
 
 impl fmt::Display for CredentialError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
 
@@ -45,9 +49,17 @@ impl std::error::Error for CredentialError {}
 
 /// The object_store error a credential failure travels in (found again by `classify`).
 pub fn credential_error(message: impl Into<String>) -> object_store::Error {
+    credential_error_of(message, false)
+}
+
+/// [`credential_error`], saying whether a value had the wrong type.
+pub fn credential_error_of(message: impl Into<String>, wrong_type: bool) -> object_store::Error {
     object_store::Error::Generic {
         store: "S3",
-        source: Box::new(CredentialError(message.into())),
+        source: Box::new(CredentialError {
+            message: message.into(),
+            wrong_type,
+        }),
     }
 }
 
@@ -188,7 +200,7 @@ impl CredentialProvider for ChainProvider {
             })?;
         resolved.provider.get_credential().await.map_err(|error| {
             let detail = match find_credential_error(&error) {
-                Some(found) => found.0.clone(),
+                Some(found) => found.message.clone(),
                 None => error_chain(&error),
             };
             let mut message = format!(
@@ -542,9 +554,10 @@ mod tests {
     #[test]
     fn credential_errors_are_found_inside_object_store_errors() {
         let error = credential_error("no credentials found");
-        assert_eq!(
-            find_credential_error(&error).unwrap().0,
-            "no credentials found"
-        );
+        let found = find_credential_error(&error).unwrap();
+        assert_eq!(found.message, "no credentials found");
+        assert!(!found.wrong_type);
+        let error = credential_error_of("returned access_key_id of type int", true);
+        assert!(find_credential_error(&error).unwrap().wrong_type);
     }
 }
