@@ -201,18 +201,29 @@ class _StsHandler(BaseHTTPRequestHandler):
         sts = self.server.sts
         with sts.lock:
             sts.calls.append(query)
+            sts.authorizations.append(self.headers.get("Authorization"))
             sts.issued += 1
             number = sts.issued
         expiration = datetime.datetime.now(datetime.UTC) + datetime.timedelta(
             seconds=sts.expires_in
         )
+        # AssumeRoleWithWebIdentity (object_store) or AssumeRole (botocore's role profiles).
+        action = query.get("Action", "AssumeRoleWithWebIdentity")
+        prefix = "WEBKEY" if action == "AssumeRoleWithWebIdentity" else "ROLEKEY"
+        user = (
+            "<AssumedRoleUser><Arn>arn:aws:sts::123456789012:assumed-role/reader/test</Arn>"
+            "<AssumedRoleId>AROATEST:test</AssumedRoleId></AssumedRoleUser>"
+        )
         answer = (
-            "<AssumeRoleWithWebIdentityResponse><AssumeRoleWithWebIdentityResult><Credentials>"
-            f"<AccessKeyId>WEBKEY{number}</AccessKeyId>"
+            f'<{action}Response xmlns="https://sts.amazonaws.com/doc/2011-06-15/">'
+            f"<{action}Result><Credentials>"
+            f"<AccessKeyId>{prefix}{number}</AccessKeyId>"
             f"<SecretAccessKey>web-secret-{number}</SecretAccessKey>"
             f"<SessionToken>web-token-{number}</SessionToken>"
             f"<Expiration>{expiration.strftime('%Y-%m-%dT%H:%M:%SZ')}</Expiration>"
-            "</Credentials></AssumeRoleWithWebIdentityResult></AssumeRoleWithWebIdentityResponse>"
+            f"</Credentials>{user}</{action}Result>"
+            f"<ResponseMetadata><RequestId>{number}</RequestId></ResponseMetadata>"
+            f"</{action}Response>"
         ).encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/xml")
@@ -227,14 +238,17 @@ class _StsServer(ThreadingHTTPServer):
 
 
 class FakeSts:
-    """AssumeRoleWithWebIdentity over HTTPS on 127.0.0.1 (object_store calls STS over HTTPS
-    only), with a certificate of ``certificate_authority``'s; records each call's parameters."""
+    """STS over HTTPS on 127.0.0.1 (object_store calls it over HTTPS only), with a certificate
+    of ``certificate_authority``'s: AssumeRoleWithWebIdentity and AssumeRole, each answering a
+    new key pair (``WEBKEY1``..., ``ROLEKEY1``...); records each call's parameters and
+    ``Authorization`` header."""
 
     def __init__(self, cert_file: str, key_file: str, *, expires_in: float = 3600) -> None:
         import ssl
 
         self.expires_in = expires_in
         self.calls: list[dict[str, str]] = []
+        self.authorizations: list[str | None] = []
         self.issued = 0
         self.lock = threading.Lock()
         self._server = _StsServer(("127.0.0.1", 0), _StsHandler)

@@ -643,6 +643,36 @@ def test_profile_with_credential_process_sends_its_token(tmp_path, clean_env, mo
     assert all(h["x-amz-security-token"] == "process-token" for _, _, h in fake.s3_requests())
 
 
+def test_profile_assuming_a_role_through_botocore(clean_env, monkeypatch, tmp_path):
+    """An assume-role profile: botocore signs AssumeRole with the source profile's keys (at an
+    STS of ours over HTTPS on 127.0.0.1) and the store requests carry the role's credentials."""
+    pytest.importorskip("botocore")
+    import shutil
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    ca, cert, key = certificate_authority(str(tmp_path))
+    write_aws_files(
+        tmp_path,
+        monkeypatch,
+        "[profile base]\nregion = us-east-1\n"
+        "[profile reader]\nregion = us-east-1\nsource_profile = base\n"
+        "role_arn = arn:aws:iam::123456789012:role/reader\n",
+        "[base]\naws_access_key_id = AKIDBASE\naws_secret_access_key = base-secret\n",
+    )
+    with FakeSts(cert, key) as sts, FakeAws() as fake:
+        monkeypatch.setenv("AWS_CA_BUNDLE", ca)
+        monkeypatch.setenv("AWS_ENDPOINT_URL_STS", sts.url)
+        client = SyvainTrainingData(s3_base_url=fake.url, profile="reader")
+        read(fake, client.storage_config, times=2)
+    assert fake.signing_keys() == ["ROLEKEY1", "ROLEKEY1"]
+    assert fake.s3_requests()[0][2]["x-amz-security-token"] == "web-token-1"
+    [call] = sts.calls
+    assert call["Action"] == "AssumeRole"
+    assert call["RoleArn"] == "arn:aws:iam::123456789012:role/reader"
+    assert "Credential=AKIDBASE/" in (sts.authorizations[0] or "")
+
+
 def test_profiles_without_botocore_name_the_extra(clean_env, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "botocore", None)
     monkeypatch.setitem(sys.modules, "botocore.session", None)
