@@ -231,6 +231,40 @@ class _StsHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(answer)
 
+    def do_GET(self) -> None:  # noqa: N802
+        """The SSO portal's GetRoleCredentials (botocore's SSO profiles)."""
+        from urllib.parse import parse_qs, urlsplit
+
+        parts = urlsplit(self.path)
+        query = {name: values[0] for name, values in parse_qs(parts.query).items()}
+        sts = self.server.sts
+        with sts.lock:
+            sts.calls.append({"path": parts.path, **query})
+            sts.authorizations.append(self.headers.get("x-amz-sso_bearer_token"))
+        if parts.path != "/federation/credentials":
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        expiration_ms = int(
+            (datetime.datetime.now(datetime.UTC).timestamp() + sts.expires_in) * 1000
+        )
+        answer = json.dumps(
+            {
+                "roleCredentials": {
+                    "accessKeyId": "SSOKEY",
+                    "secretAccessKey": "sso-secret",
+                    "sessionToken": "sso-session-token",
+                    "expiration": expiration_ms,
+                }
+            }
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
 
 class _StsServer(ThreadingHTTPServer):
     daemon_threads = True

@@ -673,6 +673,50 @@ def test_profile_assuming_a_role_through_botocore(clean_env, monkeypatch, tmp_pa
     assert "Credential=AKIDBASE/" in (sts.authorizations[0] or "")
 
 
+def test_sso_profile_through_botocore(clean_env, monkeypatch, tmp_path):
+    """An SSO profile: botocore takes the cached SSO token (what `aws sso login` leaves) to the
+    SSO portal (ours, over HTTPS on 127.0.0.1) for the role's credentials."""
+    pytest.importorskip("botocore")
+    import hashlib
+    import shutil
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    ca, cert, key = certificate_authority(str(tmp_path))
+    start_url = "https://example.awsapps.com/start"
+    write_aws_files(
+        tmp_path,
+        monkeypatch,
+        f"[profile sso]\nsso_start_url = {start_url}\nsso_region = us-east-1\n"
+        "sso_account_id = 123456789012\nsso_role_name = reader\nregion = us-east-1\n",
+    )
+    cache = tmp_path / "home" / ".aws" / "sso" / "cache"
+    cache.mkdir(parents=True)
+    token = {
+        "startUrl": start_url,
+        "region": "us-east-1",
+        "accessToken": "sso-access-token",
+        "expiresAt": "2099-01-01T00:00:00Z",
+    }
+    name = hashlib.sha1(start_url.encode()).hexdigest()
+    (cache / f"{name}.json").write_text(json.dumps(token), encoding="utf-8")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    with FakeSts(cert, key) as portal, FakeAws() as fake:
+        monkeypatch.setenv("AWS_CA_BUNDLE", ca)
+        monkeypatch.setenv("AWS_ENDPOINT_URL_SSO", portal.url)
+        client = SyvainTrainingData(s3_base_url=fake.url, profile="sso")
+        read(fake, client.storage_config)
+    assert fake.signing_keys() == ["SSOKEY"]
+    assert fake.s3_requests()[0][2]["x-amz-security-token"] == "sso-session-token"
+    [call] = portal.calls
+    assert call == {
+        "path": "/federation/credentials",
+        "role_name": "reader",
+        "account_id": "123456789012",
+    }
+    assert portal.authorizations == ["sso-access-token"]
+
+
 def test_profiles_without_botocore_name_the_extra(clean_env, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "botocore", None)
     monkeypatch.setitem(sys.modules, "botocore.session", None)
