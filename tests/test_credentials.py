@@ -690,7 +690,7 @@ def test_sso_profile_through_botocore(clean_env, monkeypatch, tmp_path):
         f"[profile sso]\nsso_start_url = {start_url}\nsso_region = us-east-1\n"
         "sso_account_id = 123456789012\nsso_role_name = reader\nregion = us-east-1\n",
     )
-    cache = tmp_path / "home" / ".aws" / "sso" / "cache"
+    cache = tmp_path / "sso-cache"
     cache.mkdir(parents=True)
     token = {
         "startUrl": start_url,
@@ -700,7 +700,10 @@ def test_sso_profile_through_botocore(clean_env, monkeypatch, tmp_path):
     }
     name = hashlib.sha1(start_url.encode()).hexdigest()
     (cache / f"{name}.json").write_text(json.dumps(token), encoding="utf-8")
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    # botocore fixes the token cache's directory (under ~) when it is imported.
+    import botocore.credentials
+
+    monkeypatch.setattr(botocore.credentials.SSOProvider, "_SSO_TOKEN_CACHE_DIR", str(cache))
     with FakeSts(cert, key) as portal, FakeAws() as fake:
         monkeypatch.setenv("AWS_CA_BUNDLE", ca)
         monkeypatch.setenv("AWS_ENDPOINT_URL_SSO", portal.url)
