@@ -105,6 +105,12 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._send(404)
             return
+        with fake.lock:
+            failing = fake.fail_next > 0
+            fake.fail_next -= failing
+        if failing:
+            self._send(503, b"<Error><Code>SlowDown</Code></Error>")
+            return
         body = fake.objects.get(self.path.split("?", 1)[0], b"hello")
         self._send(
             200,
@@ -131,6 +137,8 @@ class FakeAws:
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         # GET bodies by path ("/bucket/key"); any other key answers b"hello".
         self.objects: dict[str, bytes] = {}
+        # How many of the next store GETs answer 503 (a transient failure to retry).
+        self.fail_next = 0
         self.issued = 0
         self.lock = threading.Lock()
         self._server = _Server(("127.0.0.1", 0), _Handler)

@@ -77,6 +77,26 @@ def test_session_token_is_sent_as_x_amz_security_token(clean_env):
     assert "Credential=AKIDPLAIN/" in without["authorization"]
 
 
+def test_retry_warnings_and_errors_hold_no_credential(clean_env, caplog):
+    from syvain_training_data.testing import storage_policy
+
+    with FakeAws() as fake, storage_policy(backoff_base_s=0.001, backoff_cap_s=0.002):
+        client = SyvainTrainingData(
+            s3_base_url=fake.url,
+            access_key_id="AKIDLOGS",
+            secret_access_key="secret-in-no-log",
+            session_token="token-in-no-log",
+        )
+        fake.fail_next = 2
+        with caplog.at_level("WARNING", logger="syvain_training_data"):
+            read(fake, client.storage_config)
+    retries = [r.getMessage() for r in caplog.records if "Retrying" in r.getMessage()]
+    assert len(retries) == 2
+    for text in [*retries, repr(client), str(client.storage_config)]:
+        assert "secret-in-no-log" not in text and "token-in-no-log" not in text
+    assert [h["x-amz-security-token"] for _, _, h in fake.s3_requests()] == ["token-in-no-log"] * 3
+
+
 def test_from_env_reads_the_session_token(clean_env, monkeypatch):
     env = {
         "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
