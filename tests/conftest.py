@@ -20,6 +20,7 @@ The helper modules are plain modules in this directory (``from seaweed import ..
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import uuid
@@ -34,6 +35,12 @@ if _TESTS_DIR not in sys.path:  # also under --import-mode=importlib
 
 from fault_proxy import FaultProxy  # noqa: E402
 from seaweed import SeaweedServer, external_server_from_env, start_seaweed  # noqa: E402
+
+# A client without credentials resolves the AWS default chain, whose last source is the EC2
+# instance metadata service: no test may reach 169.254.169.254 (tests that exercise it point
+# AWS_EC2_METADATA_SERVICE_ENDPOINT at a server of their own on 127.0.0.1). Inherited by every
+# child process and command the tests start.
+os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
 
 TEST_BUCKET = "syvain-test"
 DATA_BUCKET = "syvain-data"

@@ -3,6 +3,7 @@ against the session's SeaweedFS and the local directory store."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import ray
 import ray.data
+from pydantic import SecretStr
 from ray import cloudpickle
 from ray.exceptions import RayError
 
@@ -373,6 +375,52 @@ def test_an_explicit_secret_the_workers_lack_fails_in_the_driver(
     )
     # The session's own key is in the workers' environment: the question passes.
     SyvainDatasink(uri, split="train", storage_config=s3_config)
+
+
+class CountingFileProvider:
+    """Reads the key pair from a JSON file and notes each calling process in another file: it
+    pickles as itself (its two paths), so each Ray worker resolves its own credentials."""
+
+    def __init__(self, keys: str, calls: str) -> None:
+        self.keys, self.calls = keys, calls
+
+    def __call__(self) -> dict[str, str]:
+        with open(self.calls, "a", encoding="utf-8") as calls:
+            calls.write(f"{os.getpid()}\n")
+        with open(self.keys, encoding="utf-8") as file:
+            keys = json.load(file)
+        return {"access_key_id": keys["id"], "secret_access_key": keys["secret"]}
+
+
+def test_a_credential_provider_resolves_in_each_worker(
+    ray_cluster, seaweed, s3_config, s3_bucket, unique_prefix, tmp_path
+):
+    keys, calls = tmp_path / "keys.json", tmp_path / "calls"
+    keys.write_text(json.dumps({"id": seaweed.access_key_id, "secret": seaweed.secret_access_key}))
+    provider = CountingFileProvider(str(keys), str(calls))
+    config = StorageConfig.create(
+        s3_base_url=seaweed.endpoint, region=seaweed.region, credential_provider=provider
+    )
+    uri = f"s3://{s3_bucket}/{unique_prefix}/source/data-manifest.json"
+    publish_source(uri, s3_config)
+    assert seaweed.secret_access_key.encode() not in cloudpickle.dumps(
+        SyvainDatasource(uri, "valid", storage_config=config)
+    )
+    assert len(read_dataset(uri, "valid", storage_config=config).take_all()) == 7
+    callers = set(calls.read_text().split())
+    assert callers - {str(os.getpid())}, "the read tasks called the provider in their workers"
+
+
+def test_a_session_token_the_workers_lack_fails_in_the_driver(
+    ray_cluster, s3_config, s3_bucket, unique_prefix
+):
+    """The workers have the session's key pair but no AWS_SESSION_TOKEN: a config with a token
+    fails in the driver, naming the variable."""
+    config = s3_config.model_copy(update={"session_token": SecretStr("token-the-workers-lack")})
+    uri = f"s3://{s3_bucket}/{unique_prefix}/derived/data-manifest.json"
+    with pytest.raises(ValueError, match="AWS_SESSION_TOKEN") as info:
+        SyvainDatasink(uri, split="train", storage_config=config)
+    assert "token-the-workers-lack" not in str(info.value)
 
 
 def test_without_ray_the_import_names_the_extra():

@@ -2,7 +2,8 @@
 
 - ```python blocks run in-process, in a fresh namespace and a temporary directory, with the test
   session's SeaweedFS in the standard AWS variables (AWS_ENDPOINT_URL, AWS_REGION,
-  AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), as a user's shell would provide them.
+  AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), as a user's shell would provide them; variables a
+  block sets are undone after it.
 - ```bash blocks of command-line usage run under ``bash -euo pipefail`` in a temporary directory,
   with the same variables and this environment's ``syvain-data`` and ``python`` first on PATH.
 - ```bash blocks made only of ``./dev ...`` and ``pip install ...`` lines are not run here:
@@ -86,7 +87,14 @@ def test_python_block_runs(code: str, tmp_path, monkeypatch, aws_env, request) -
         uri, digest = request.getfixturevalue("representation_publication")
         monkeypatch.setenv("SYVAIN_REPRESENTATION_MANIFEST", uri)
         monkeypatch.setenv("SYVAIN_REPRESENTATION_SHA256", digest)
-    exec(compile(code, f"README.md block in {tmp_path}", "exec"), {"__name__": "__readme__"})
+    saved = dict(os.environ)
+    try:
+        exec(compile(code, f"README.md block in {tmp_path}", "exec"), {"__name__": "__readme__"})
+    finally:
+        # A block may set variables (the credentials example points botocore at a file of its
+        # own): they end with it.
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @pytest.mark.parametrize("code", RUN_BASH, ids=[f"bash-{i}" for i in range(len(RUN_BASH))])

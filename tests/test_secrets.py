@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from credential_servers import FakeAws
 from syvain_training_data import SyvainTrainingData
 from syvain_training_data.shard import iter_shard
-from syvain_training_data.storage import StorageConfig, native_storage
+from syvain_training_data.storage import StorageConfig, get_object, native_storage
 
 START_METHODS = ["fork", "spawn", "forkserver"]
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -52,9 +53,11 @@ def explicit_client(seaweed) -> SyvainTrainingData:
 
 
 def remove_aws_environment(monkeypatch) -> None:
-    """No AWS_* variable in this process, so none in its fork and spawn children either."""
+    """No AWS_* variable in this process, so none in its fork and spawn children either (but
+    conftest's AWS_EC2_METADATA_DISABLED: no test reaches the instance metadata service)."""
     for name in [name for name in os.environ if name.startswith("AWS_")]:
-        monkeypatch.delenv(name)
+        if name != "AWS_EC2_METADATA_DISABLED":
+            monkeypatch.delenv(name)
 
 
 def forking_dumps(value: Any, protocol: int | None = None) -> bytes:
@@ -62,7 +65,7 @@ def forking_dumps(value: Any, protocol: int | None = None) -> bytes:
     return bytes(ForkingPickler.dumps(value, protocol))
 
 
-CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 FORKSERVER_NOTE = (
     "a forkserver's children inherit the environment it started with: an earlier test "
     "started it with AWS credentials in its environment"
@@ -271,3 +274,117 @@ def test_a_secret_of_the_wrong_type_is_not_echoed(wrong):
             build()
         assert str(wrong).strip("[]'b") not in str(info.value)
         assert "secret_access_key" in str(info.value)
+
+
+# --- session tokens: a secret exactly like the secret key ---------------------------------------
+
+TOKEN = "session-token-value-0123456789"
+
+
+def token_client(seaweed, **extra: Any) -> SyvainTrainingData:
+    return SyvainTrainingData(
+        s3_base_url=seaweed.endpoint,
+        region=seaweed.region,
+        access_key_id=seaweed.access_key_id,
+        secret_access_key=seaweed.secret_access_key,
+        session_token=TOKEN,
+        **extra,
+    )
+
+
+def test_session_tokens_stay_out_of_reprs_and_plain_pickles(
+    seaweed, s3_bucket, unique_prefix, monkeypatch
+):
+    remove_aws_environment(monkeypatch)
+    client = token_client(seaweed)
+    saver = client.dataset_saver(f"s3://{s3_bucket}/{unique_prefix}/m.json")
+    token = TOKEN.encode()
+    assert TOKEN not in repr(client) and "session_token=***" in repr(client)
+    assert TOKEN not in repr(client.storage_config) and TOKEN not in str(client.storage_config)
+    assert TOKEN not in repr(native_storage(client.storage_config))
+    cloudpickled = cloudpickle_dumps()
+    for value in (client, client.storage_config, saver):
+        for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+            assert token not in pickle.dumps(value, protocol=protocol)
+            # multiprocessing's pickler carries it, exactly as it carries the secret.
+            assert token in forking_dumps(value, protocol=protocol)
+        if cloudpickled is not None:
+            assert token not in cloudpickled(value)
+    copy = ForkingPickler.loads(forking_dumps(saver))
+    assert copy.storage_config == saver.storage_config
+    assert token not in pickle.dumps(copy)  # and a worker's plain pickle holds none again
+    assert token in pickle.dumps(token_client(seaweed, picklable_secret=True).storage_config)
+
+
+def test_an_unpickled_token_comes_back_from_the_environment(seaweed, monkeypatch):
+    remove_aws_environment(monkeypatch)
+    config = token_client(seaweed).storage_config
+    data = pickle.dumps(config)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", seaweed.access_key_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", seaweed.secret_access_key)
+    # The secret alone is not enough for a config that had a token.
+    withheld = pickle.loads(data)
+    with pytest.raises(ValueError, match="AWS_SESSION_TOKEN") as info:
+        native_storage(withheld)
+    assert "secret access key and session token" in str(info.value)
+    assert TOKEN not in str(info.value) and seaweed.secret_access_key not in str(info.value)
+    # Withheld stays withheld through both picklers, and asks for the token again.
+    assert TOKEN.encode() not in forking_dumps(withheld)
+    with pytest.raises(ValueError, match="AWS_SESSION_TOKEN"):
+        native_storage(ForkingPickler.loads(forking_dumps(withheld)))
+    monkeypatch.setenv("AWS_SESSION_TOKEN", TOKEN)
+    assert pickle.loads(data) == config
+    assert pickle.loads(pickle.dumps(withheld)) == config
+    assert ForkingPickler.loads(forking_dumps(withheld)) == config
+    # A config without a token does not pick one up from the environment.
+    plain = explicit_client(seaweed).storage_config
+    assert pickle.loads(pickle.dumps(plain)).session_token is None
+
+
+def test_a_token_of_the_wrong_type_is_not_echoed():
+    for build in (
+        lambda: StorageConfig.create(
+            access_key_id="a",
+            secret_access_key="b",
+            session_token=b"bytes-token-value-1234",  # type: ignore[arg-type]
+        ),
+        lambda: SyvainTrainingData(
+            access_key_id="a",
+            secret_access_key="b",
+            session_token=b"bytes-token-value-1234",  # type: ignore[arg-type]
+        ),
+    ):
+        with pytest.raises(ValidationError) as info:
+            build()
+        assert "bytes-token-value-1234" not in str(info.value)
+        assert "session_token" in str(info.value)
+
+
+def _read_in_worker(config: StorageConfig, part: int) -> list[str]:
+    assert get_object(f"s3://bucket/worker-{part}", storage_config=config) == b"hello"
+    return _credential_variables()
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_session_tokens_reach_workers_under_every_start_method(monkeypatch, method):
+    """Workers get the token with the config through multiprocessing's pickler, with no AWS_*
+    variables, and sign with it. (SeaweedFS refuses a token it did not issue, so a recording
+    server on 127.0.0.1 plays the store and shows each request's headers.)"""
+    remove_aws_environment(monkeypatch)
+    with FakeAws() as fake:
+        client = SyvainTrainingData(
+            s3_base_url=fake.url,
+            access_key_id="AKIDWORKER",
+            secret_access_key="worker-secret",
+            session_token=TOKEN,
+        )
+        context = multiprocessing.get_context(method)
+        with ProcessPoolExecutor(max_workers=2, mp_context=context) as pool:
+            configs = [client.storage_config] * 2
+            for worker_credentials in pool.map(_read_in_worker, configs, [0, 1]):
+                assert worker_credentials == [], FORKSERVER_NOTE
+    assert fake.signing_keys() == ["AKIDWORKER", "AKIDWORKER"]
+    assert [headers["x-amz-security-token"] for _, _, headers in fake.s3_requests()] == [
+        TOKEN,
+        TOKEN,
+    ]

@@ -17,7 +17,10 @@ class NativeStorage:
         region: str = ...,  # "us-east-1"
         access_key_id: str | None = None,
         secret_access_key: str | None = None,
+        session_token: str | None = None,
         virtual_hosted_style_request: bool = False,
+        skip_signature: bool = False,
+        credential_provider: Callable[[], tuple[str, str, str | None, float | None]] | None = None,
     ) -> NativeStorage: ...
     def get(self, uri: str) -> bytes: ...
     def head(self, uri: str) -> tuple[int, str]: ...

@@ -15,7 +15,12 @@ from syvain_training_data.manifest import (
     read_manifest_bytes,
     validate_manifest,
 )
-from syvain_training_data.storage import StorageConfig, native_storage, put_object
+from syvain_training_data.storage import (
+    StorageConfig,
+    native_storage,
+    provider_name,
+    put_object,
+)
 
 if TYPE_CHECKING:
     from syvain_training_data.loading.split_loader import SplitDataLoader
@@ -36,7 +41,14 @@ class SyvainTrainingData:
     it, under fork, spawn and forkserver), but a plain pickle or cloudpickle (Ray) of the client,
     its savers or datasets holds no secret unless ``picklable_secret=True``: such a copy takes it
     again from its process's ``AWS_SECRET_ACCESS_KEY`` (see
-    :class:`~syvain_training_data.storage.StorageConfig`).
+    :class:`~syvain_training_data.storage.StorageConfig`). The session token is handled exactly
+    like the secret.
+
+    Credentials (one source): ``access_key_id`` + ``secret_access_key`` (+ ``session_token``);
+    ``skip_signature=True`` for a public bucket; ``credential_provider`` (a picklable callable
+    returning ``access_key_id``, ``secret_access_key`` and optional ``session_token`` and
+    ``expires_at``); ``profile`` (an AWS profile, through botocore: the ``aws`` extra); or none
+    of them: the AWS SDKs' default chain, resolved when an s3:// request is first signed.
     """
 
     def __init__(
@@ -48,15 +60,27 @@ class SyvainTrainingData:
         secret_access_key: str | SecretStr | None = None,
         virtual_hosted_style_request: bool = False,
         picklable_secret: bool = False,
+        session_token: str | SecretStr | None = None,
+        skip_signature: bool = False,
+        credential_provider: Callable[[], Mapping[str, Any]] | None = None,
+        profile: str | None = None,
     ) -> None:
         self._storage_config = StorageConfig.create(
             s3_base_url=s3_base_url,
             region=region,
             access_key_id=access_key_id,
             secret_access_key=secret_access_key,
+            session_token=session_token,
             virtual_hosted_style_request=virtual_hosted_style_request,
+            skip_signature=skip_signature,
+            credential_provider=credential_provider,
+            profile=profile,
             picklable_secret=picklable_secret,
         )
+        if profile is not None:
+            from syvain_training_data.aws import require_botocore
+
+            require_botocore(f"profile {profile!r}")  # asked for by name: fail now, not later
         native_storage(self._storage_config)  # validates the endpoint now, not on first use
 
     @classmethod
@@ -64,16 +88,30 @@ class SyvainTrainingData:
         cls, environ: Mapping[str, str] | None = None, *, picklable_secret: bool = False
     ) -> SyvainTrainingData:
         """A client from the standard AWS variables: AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL,
-        AWS_REGION or AWS_DEFAULT_REGION (default us-east-1), AWS_ACCESS_KEY_ID,
-        AWS_SECRET_ACCESS_KEY."""
+        AWS_REGION or AWS_DEFAULT_REGION (default us-east-1), and the first of:
+        AWS_SKIP_SIGNATURE=true (unsigned requests); AWS_ACCESS_KEY_ID and
+        AWS_SECRET_ACCESS_KEY (with AWS_SESSION_TOKEN); AWS_PROFILE (through botocore, the
+        ``aws`` extra); otherwise the default chain, resolved when a request is signed."""
         env = os.environ if environ is None else environ
-        return cls(
+        skip = (env.get("AWS_SKIP_SIGNATURE") or "").strip().lower() in {"1", "true", "yes"}
+        key_id = None if skip else env.get("AWS_ACCESS_KEY_ID") or None
+        secret = None if skip else env.get("AWS_SECRET_ACCESS_KEY") or None
+        keys = key_id is not None or secret is not None
+        # Built without the constructor's botocore check: with AWS_PROFILE set and no botocore,
+        # file:// still works and the first s3:// request names the extra.
+        client = cls.__new__(cls)
+        client._storage_config = StorageConfig.create(
             s3_base_url=env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None,
             region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
-            access_key_id=env.get("AWS_ACCESS_KEY_ID") or None,
-            secret_access_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
+            access_key_id=key_id,
+            secret_access_key=secret,
+            session_token=(env.get("AWS_SESSION_TOKEN") or None) if keys else None,
+            skip_signature=skip,
+            profile=None if skip or keys else env.get("AWS_PROFILE") or None,
             picklable_secret=picklable_secret,
         )
+        native_storage(client._storage_config)
+        return client
 
     @property
     def storage_config(self) -> StorageConfig:
@@ -81,12 +119,22 @@ class SyvainTrainingData:
 
     def __repr__(self) -> str:
         config = self._storage_config
-        return (
-            f"SyvainTrainingData(s3_base_url={config.s3_base_url!r}, region={config.region!r}, "
-            f"access_key_id={config.access_key_id!r}, secret_access_key="
-            f"{'***' if config.secret_access_key else None}, "
-            f"virtual_hosted_style_request={config.virtual_hosted_style_request!r})"
-        )
+        parts = [
+            f"s3_base_url={config.s3_base_url!r}",
+            f"region={config.region!r}",
+            f"access_key_id={config.access_key_id!r}",
+            f"secret_access_key={'***' if config.secret_access_key else None}",
+        ]
+        if config.session_token is not None:
+            parts.append("session_token=***")
+        parts.append(f"virtual_hosted_style_request={config.virtual_hosted_style_request!r}")
+        if config.skip_signature:
+            parts.append("skip_signature=True")
+        if config.credential_provider is not None:
+            parts.append(f"credential_provider={provider_name(config.credential_provider)}")
+        if config.profile is not None:
+            parts.append(f"profile={config.profile!r}")
+        return f"SyvainTrainingData({', '.join(parts)})"
 
     def load_manifest(self, uri: str) -> DataManifest:
         """Reads and validates a manifest.

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -87,9 +88,12 @@ def records_to_block(records: list[Mapping[str, Any]]) -> pa.Table:
 
 
 @ray.remote(num_cpus=0, max_retries=0)
-def _workers_have_secret(access_key_id: str | None) -> bool:
-    """On a worker: whether its environment pairs ``access_key_id`` with a secret (the answer
-    is a bool; the secret never leaves the worker)."""
+def _workers_have_secret(access_key_id: str | None, needs_token: bool) -> bool:
+    """On a worker: whether its environment pairs ``access_key_id`` with a secret (and has a
+    session token, when ``needs_token``); the answer is a bool, the secret never leaves the
+    worker."""
+    if needs_token and not os.environ.get("AWS_SESSION_TOKEN"):
+        return False
     return _secret_from_environment(access_key_id) is not None
 
 
@@ -111,6 +115,7 @@ def check_workers_have_secret(storage_config: StorageConfig, uris: Iterable[str]
         return
     job = ray.get_runtime_context().get_job_id()
     key = storage_config.access_key_id
+    needs_token = storage_config.session_token is not None
     nodes = [
         node["NodeID"]
         for node in ray.nodes()  # type: ignore[no-untyped-call]  # (ray leaves it untyped)
@@ -120,7 +125,7 @@ def check_workers_have_secret(storage_config: StorageConfig, uris: Iterable[str]
         [
             _workers_have_secret.options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
-            ).remote(key)
+            ).remote(key, needs_token)
             for node in nodes
         ]
     )
@@ -131,7 +136,8 @@ def check_workers_have_secret(storage_config: StorageConfig, uris: Iterable[str]
             f"The Ray workers of {len(missing)} of {len(nodes)} node(s) have no secret access "
             f"key for access key id {key!r}, and Ray tasks get this StorageConfig without its "
             "secret (Ray's pickles hold none: its object store may spill them to disk). Set "
-            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment of every node's "
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN with a session "
+            "token) in the environment of every node's "
             "`ray start` (a local cluster started by ray.init() inherits the driver's), or "
             "build the StorageConfig with picklable_secret=True where you trust every place a "
             "pickle can go, Ray's spill files included"

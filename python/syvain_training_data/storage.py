@@ -13,13 +13,14 @@ SPEC section 4 and releases the GIL while it waits. Errors:
 
 from __future__ import annotations
 
+import datetime
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr, SecretStr
+from pydantic import BaseModel, ConfigDict, PrivateAttr, SecretStr, model_validator
 
 from syvain_training_data import _native
 from syvain_training_data._native import ObjectStream
@@ -43,25 +44,45 @@ __all__ = [
 class StorageConfig(BaseModel):
     """Where and how to reach the S3-compatible store; file:// URIs need none of it.
 
-    The secret is a ``SecretStr``: it never appears in ``repr``, logs or error messages (a
-    value of the wrong type is not echoed in the ValidationError either).
+    **Credentials**, one source per config (a ``ValueError`` names the conflict otherwise):
+
+    - ``access_key_id`` + ``secret_access_key``, with ``session_token`` for temporary
+      credentials (STS, SSO, an assumed role): sent as ``x-amz-security-token``.
+    - ``skip_signature=True``: unsigned requests (a public bucket), no ``Authorization`` header.
+    - ``credential_provider``: a picklable callable returning a mapping with
+      ``access_key_id``, ``secret_access_key``, optional ``session_token`` and optional
+      ``expires_at`` (an aware ``datetime``); called again shortly before ``expires_at``. A bad
+      answer fails the request with a TypeError (wrong type) or ValueError naming the provider
+      and the field, never a value; so does an exception it raises (a ValueError).
+    - ``profile``: an AWS profile of ``~/.aws/config`` and ``credentials`` (SSO,
+      ``credential_process``, assume-role), through botocore (the ``aws`` extra).
+    - none of these: the AWS SDKs' default chain, resolved in each process when it first
+      signs a request: the environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+      ``AWS_SESSION_TOKEN``), ``AWS_PROFILE`` (through botocore), web identity, container
+      credentials, then EC2 instance metadata (IMDSv2).
+
+    The secret and the session token are ``SecretStr``: they never appear in ``repr``, logs or
+    error messages (a value of the wrong type is not echoed in the ValidationError either).
 
     **Pickling** (savers and datasets travel to worker processes, Ray tasks, other machines,
     and Ray may spill pickles to disk). Two rules, by pickler:
 
     - multiprocessing's own pickler (``multiprocessing.reduction.ForkingPickler``) carries the
-      secret. It is what starts spawn and forkserver processes and what feeds
-      ``ProcessPoolExecutor`` calls, ``multiprocessing`` queues and pipes and PyTorch DataLoader
-      workers, so a saver or dataset with explicit credentials works in those processes under
-      fork, spawn and forkserver with no AWS_* variables. These bytes go through a pipe or a
-      local socket to another process, never to a file (or to another machine only through a
-      ``multiprocessing.connection`` or manager that you open to it).
+      secret and the session token. It is what starts spawn and forkserver processes and what
+      feeds ``ProcessPoolExecutor`` calls, ``multiprocessing`` queues and pipes and PyTorch
+      DataLoader workers, so a saver or dataset with explicit credentials works in those
+      processes under fork, spawn and forkserver with no AWS_* variables. These bytes go
+      through a pipe or a local socket to another process, never to a file (or to another
+      machine only through a ``multiprocessing.connection`` or manager that you open to it).
     - Every other pickle (``pickle.dumps`` at any protocol, cloudpickle and so Ray,
-      ``torch.save``) holds no secret unless ``picklable_secret=True``. Unpickled, such a config
-      takes the secret again from the process's ``AWS_SECRET_ACCESS_KEY``, provided
-      ``AWS_ACCESS_KEY_ID`` there names the config's access key (set on Ray workers through
-      the environment of each node's ``ray start``). Without it, the first request fails with a
-      ValueError saying so.
+      ``torch.save``) holds neither unless ``picklable_secret=True``. Unpickled, such a config
+      takes them again from the process's ``AWS_SECRET_ACCESS_KEY`` (and
+      ``AWS_SESSION_TOKEN``, if it had a token), provided ``AWS_ACCESS_KEY_ID`` there names the
+      config's access key (set on Ray workers through the environment of each node's
+      ``ray start``). Without them, the first request fails with a ValueError saying so.
+    - A ``credential_provider`` pickles as itself (it holds no credentials, so each worker or
+      Ray task resolves its own); a profile or the default chain is resolved again in each
+      process.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, hide_input_in_errors=True)
@@ -70,37 +91,114 @@ class StorageConfig(BaseModel):
     region: str = "us-east-1"
     access_key_id: str | None = None
     secret_access_key: SecretStr | None = None
+    session_token: SecretStr | None = None
     virtual_hosted_style_request: bool = False
+    skip_signature: bool = False
+    credential_provider: Callable[[], Mapping[str, Any]] | None = None
+    profile: str | None = None
     picklable_secret: bool = False
 
-    # Set on an unpickled config whose secret was withheld and not found in the environment.
+    # Set on an unpickled config whose secret (and session token) was withheld and not found
+    # in the environment.
     _secret_withheld: bool = PrivateAttr(default=False)
+    _token_withheld: bool = PrivateAttr(default=False)
+
+    @model_validator(mode="after")
+    def _one_credential_source(self) -> StorageConfig:
+        keys = self.access_key_id is not None or self.secret_access_key is not None
+        if self.session_token is not None and not keys:
+            raise ValueError("session_token needs access_key_id and secret_access_key")
+        sources = [
+            name
+            for name, given in (
+                ("access_key_id/secret_access_key", keys),
+                ("skip_signature", self.skip_signature),
+                ("credential_provider", self.credential_provider is not None),
+                ("profile", self.profile is not None),
+            )
+            if given
+        ]
+        if len(sources) > 1:
+            raise ValueError(f"give one source of credentials, not {' and '.join(sources)}")
+        return self
+
+    def __hash__(self) -> int:
+        # Configs key the native client cache: a provider that cannot be hashed (a dataclass
+        # with eq=True, say) hashes by its type, which keeps equal configs' hashes equal.
+        provider: Any = self.credential_provider
+        try:
+            provider_key = hash(provider)
+        except TypeError:
+            provider_key = hash(type(provider))
+        return hash(
+            (
+                self.s3_base_url,
+                self.region,
+                self.access_key_id,
+                self.secret_access_key,
+                self.session_token,
+                self.virtual_hosted_style_request,
+                self.skip_signature,
+                provider_key,
+                self.profile,
+                self.picklable_secret,
+            )
+        )
+
+    @property
+    def credential_source(self) -> str:
+        """``"static"``, ``"unsigned"``, ``"provider"``, ``"profile"`` or ``"chain"``."""
+        if self.skip_signature:
+            return "unsigned"
+        if self.credential_provider is not None:
+            return "provider"
+        if self.profile is not None:
+            return "profile"
+        if self.access_key_id is not None or self.secret_access_key is not None:
+            return "static"
+        return "chain"
 
     def __getstate__(self) -> dict[Any, Any]:
-        """The state of a plain pickle: the secret withheld unless ``picklable_secret`` (a
-        config already unpickled without it stays withheld: the next process looks in its own
-        environment too). multiprocessing's pickler uses :func:`_reduce_for_processes`."""
+        """The state of a plain pickle: the secret and session token withheld unless
+        ``picklable_secret`` (a config already unpickled without them stays withheld: the next
+        process looks in its own environment too). multiprocessing's pickler uses
+        :func:`_reduce_for_processes`."""
         state = super().__getstate__()
         if not self.picklable_secret and (
-            self.secret_access_key is not None or self._secret_withheld
+            self.secret_access_key is not None
+            or self.session_token is not None
+            or self._secret_withheld
         ):
-            state["__dict__"] = {**state["__dict__"], "secret_access_key": None}
+            had_token = self.session_token is not None or self._token_withheld
+            fields = state["__dict__"]
+            state["__dict__"] = {**fields, "secret_access_key": None, "session_token": None}
             private = state.get("__pydantic_private__") or {}
-            state["__pydantic_private__"] = {**private, "_secret_withheld": False}
-            state[_WITHHELD] = True
+            state["__pydantic_private__"] = {
+                **private,
+                "_secret_withheld": False,
+                "_token_withheld": False,
+            }
+            state[_WITHHELD] = _TOKEN if had_token else True
         return state
 
     def __setstate__(self, state: dict[Any, Any]) -> None:
         state = dict(state)
-        if state.pop(_WITHHELD, False):
-            fields = dict(state["__dict__"])
+        withheld = state.pop(_WITHHELD, False)
+        fields = {**_NEW_FIELDS, **state["__dict__"]}  # pickled by an older version
+        private = {"_secret_withheld": False, "_token_withheld": False}
+        private.update(state.get("__pydantic_private__") or {})
+        if withheld:
             secret = _secret_from_environment(fields["access_key_id"])
-            if secret is None:
-                private = state.get("__pydantic_private__") or {}
-                state["__pydantic_private__"] = {**private, "_secret_withheld": True}
+            token = os.environ.get("AWS_SESSION_TOKEN") or None
+            if secret is None or (withheld == _TOKEN and token is None):
+                private["_secret_withheld"] = True
+                private["_token_withheld"] = withheld == _TOKEN
             else:
                 fields["secret_access_key"] = SecretStr(secret)
-            state["__dict__"] = fields
+                if withheld == _TOKEN and token is not None:
+                    fields["session_token"] = SecretStr(token)
+        state["__dict__"] = fields
+        state["__pydantic_private__"] = private
         super().__setstate__(state)
 
     @classmethod
@@ -117,32 +215,50 @@ class StorageConfig(BaseModel):
         region: str = "us-east-1",
         access_key_id: str | None = None,
         secret_access_key: str | SecretStr | None = None,
+        session_token: str | SecretStr | None = None,
         virtual_hosted_style_request: bool = False,
+        skip_signature: bool = False,
+        credential_provider: Callable[[], Mapping[str, Any]] | None = None,
+        profile: str | None = None,
         picklable_secret: bool = False,
     ) -> StorageConfig:
-        """Builds a config from plain strings (the secret is wrapped as a ``SecretStr``)."""
-        secret = (
-            SecretStr(secret_access_key)
-            if isinstance(secret_access_key, str)
-            else secret_access_key
-        )
+        """Builds a config from plain strings (the secret and token are wrapped as
+        ``SecretStr``)."""
         return cls(
             s3_base_url=s3_base_url,
             region=region,
             access_key_id=access_key_id,
-            secret_access_key=secret,
+            secret_access_key=_secret(secret_access_key),
+            session_token=_secret(session_token),
             virtual_hosted_style_request=virtual_hosted_style_request,
+            skip_signature=skip_signature,
+            credential_provider=credential_provider,
+            profile=profile,
             picklable_secret=picklable_secret,
         )
 
 
+def _secret(value: str | SecretStr | None) -> SecretStr | None:
+    return SecretStr(value) if isinstance(value, str) else value
+
+
 _WITHHELD: Final = "syvain_secret_withheld"
+# The value of _WITHHELD when a session token was withheld with the secret.
+_TOKEN: Final = "secret+token"
+# Fields added since the first pickled configs, with their defaults.
+_NEW_FIELDS: Final[dict[str, Any]] = {
+    "session_token": None,
+    "skip_signature": False,
+    "credential_provider": None,
+    "profile": None,
+}
 
 
 def _reduce_for_processes(config: StorageConfig) -> tuple[Any, ...]:
     """How ``ForkingPickler`` (process start, pool queues, pipes) pickles a config: with its
-    secret, since those bytes go straight to another local process. A config whose secret was
-    already withheld goes as a plain pickle would (the receiver looks in its environment)."""
+    secret and session token, since those bytes go straight to another local process. A config
+    whose secret was already withheld goes as a plain pickle would (the receiver looks in its
+    environment)."""
     state = config.__getstate__() if config._secret_withheld else BaseModel.__getstate__(config)
     return (_restore, (type(config), state))
 
@@ -182,22 +298,135 @@ def native_storage(config: StorageConfig) -> _native.NativeStorage:
     """The native client for a config (one per config; it rebuilds its connections after fork).
 
     Raises ValueError at once for an invalid ``s3_base_url``, or for an unpickled config
-    whose secret was not pickled and is not in this process's environment.
+    whose secret was not pickled and is not in this process's environment;
+    ModuleNotFoundError for a ``profile`` without botocore (the ``aws`` extra).
     """
     if config._secret_withheld:
+        what = (
+            "secret access key and session token" if config._token_withheld else "secret access key"
+        )
+        variables = "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" + (
+            " and AWS_SESSION_TOKEN" if config._token_withheld else ""
+        )
         raise ValueError(
-            f"The secret access key of access key id {config.access_key_id!r} was not pickled "
-            "with this storage configuration: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+            f"The {what} of access key id {config.access_key_id!r} was not pickled "
+            f"with this storage configuration: set {variables} "
             "in this process's environment, or build the client with picklable_secret=True"
         )
     secret = config.secret_access_key.get_secret_value() if config.secret_access_key else None
+    token = config.session_token.get_secret_value() if config.session_token else None
     return _native.NativeStorage(
         s3_base_url=config.s3_base_url,
         region=config.region,
         access_key_id=config.access_key_id,
         secret_access_key=secret,
+        session_token=token,
         virtual_hosted_style_request=config.virtual_hosted_style_request,
+        skip_signature=config.skip_signature,
+        credential_provider=_provider_for(config),
     )
+
+
+def _provider_for(config: StorageConfig) -> _ProviderCall | None:
+    """The callable the native client asks for credentials, or None (static keys, unsigned,
+    or the native default chain)."""
+    if config.credential_provider is not None:
+        return _ProviderCall(config.credential_provider)
+    if config.profile is not None:
+        from syvain_training_data.aws import AwsProfile
+
+        # Without botocore, the first s3:// request names the extra (file:// ones still work).
+        return _ProviderCall(AwsProfile(config.profile))
+    if config.credential_source != "chain":
+        return None
+    # The chain: AWS_PROFILE comes after the environment's keys and before the rest (which the
+    # native chain tries); without botocore it fails the first s3:// request, not file:// ones.
+    profile = os.environ.get("AWS_PROFILE") or None
+    has_keys = os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if profile is None or has_keys:
+        return None
+    from syvain_training_data.aws import AwsProfile
+
+    return _ProviderCall(AwsProfile(profile, source="AWS_PROFILE"))
+
+
+_PROVIDER_KEYS: Final = frozenset(
+    {"access_key_id", "secret_access_key", "session_token", "expires_at"}
+)
+
+
+def provider_name(provider: object) -> str:
+    """A provider's name for messages: its qualified name, never its ``repr`` (which could
+    show arguments such as a token)."""
+    if isinstance(provider, functools.partial):
+        provider = provider.func
+    name = getattr(provider, "__qualname__", None)
+    if not isinstance(name, str):
+        name = type(provider).__qualname__
+    module = getattr(provider, "__module__", None) or type(provider).__module__
+    return f"{module}.{name}" if module and module != "builtins" else name
+
+
+class _ProviderCall:
+    """Calls a ``credential_provider`` and checks what it returns: ``(access_key_id,
+    secret_access_key, session_token, seconds until expires_at)`` for the native client.
+    Errors name the provider and the field, never a value."""
+
+    def __init__(self, provider: Callable[[], Mapping[str, Any]]) -> None:
+        self.provider = provider
+        self.name = provider_name(provider)
+
+    def __repr__(self) -> str:
+        return f"credential_provider {self.name}"
+
+    def __call__(self) -> tuple[str, str, str | None, float | None]:
+        try:
+            returned = self.provider()
+        except Exception as error:
+            first = str(error).splitlines()[0] if str(error) else ""
+            raise ValueError(
+                f"{self!r} raised {type(error).__name__}: {first}".rstrip(": ")
+            ) from error
+        if not isinstance(returned, Mapping):
+            raise TypeError(
+                f"{self!r} returned {type(returned).__name__}; expected a mapping with "
+                "access_key_id, secret_access_key, optional session_token and expires_at"
+            )
+        unknown = sorted(str(key) for key in returned if key not in _PROVIDER_KEYS)
+        if unknown:
+            raise ValueError(f"{self!r} returned unknown keys {unknown}")
+        values: list[str | None] = []
+        for field in ("access_key_id", "secret_access_key", "session_token"):
+            value = returned.get(field)
+            if value is None and field == "session_token":
+                values.append(None)
+                continue
+            if value is None:
+                raise ValueError(f"{self!r} returned no {field}")
+            if not isinstance(value, str):
+                raise TypeError(
+                    f"{self!r} returned {field} of type {type(value).__name__}; expected str"
+                )
+            if not value:
+                raise ValueError(f"{self!r} returned an empty {field}")
+            values.append(value)
+        expires_at = returned.get("expires_at")
+        seconds: float | None = None
+        if expires_at is not None:
+            if not isinstance(expires_at, datetime.datetime):
+                raise TypeError(
+                    f"{self!r} returned expires_at of type {type(expires_at).__name__}; "
+                    "expected an aware datetime"
+                )
+            if expires_at.utcoffset() is None:
+                raise ValueError(
+                    f"{self!r} returned a naive expires_at; expected an aware datetime "
+                    "(e.g. datetime.now(timezone.utc) + timedelta(hours=1))"
+                )
+            seconds = (expires_at - datetime.datetime.now(datetime.UTC)).total_seconds()
+        key_id, secret, token = values
+        assert key_id is not None and secret is not None
+        return key_id, secret, token, seconds
 
 
 def _client(storage_config: StorageConfig | None) -> _native.NativeStorage:

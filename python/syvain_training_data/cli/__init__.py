@@ -106,6 +106,10 @@ def main(
         _silence_stdout(out)
         return EXIT_OK
     except Exception as error:
+        if isinstance(error, ValueError) and "no credentials found" in str(error):
+            # Nothing to sign s3:// requests with: a usage error, as a missing flag would be.
+            _report(err, debug, f"{PROG} {args.command}: error: {str(error).splitlines()[0]}")
+            return EXIT_USAGE
         _report(err, debug, f"{PROG}: error: {describe(error)}")
         return EXIT_FAILED
 

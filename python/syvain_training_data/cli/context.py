@@ -60,13 +60,32 @@ def make_client(args: argparse.Namespace, environ: Mapping[str, str]) -> SyvainT
         raise UsageError("give --secret-access-key or --secret-access-key-file, not both")
     if secret_file:
         env["AWS_SECRET_ACCESS_KEY"] = _read_secret(secret_file)
+    profile = getattr(args, "profile", None)
+    unsigned = bool(getattr(args, "no_sign_request", False))
+    keys_given = bool(
+        getattr(args, "access_key_id", None)
+        or getattr(args, "secret_access_key", None)
+        or secret_file
+    )
+    if sum((bool(profile), unsigned, keys_given)) > 1:
+        raise UsageError(
+            "give one of --profile, --no-sign-request and --access-key-id/--secret-access-key"
+        )
+    if profile or unsigned:
+        # An explicit choice wins over keys in the environment, as with the AWS CLI.
+        for variable in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+            env.pop(variable, None)
+    if profile:
+        env["AWS_PROFILE"] = profile
+    if unsigned:
+        env["AWS_SKIP_SIGNATURE"] = "true"
     for flag, variable in _CREDENTIAL_FLAGS:
         value = getattr(args, flag, None)
         if value:
             env[variable] = value
     try:
         return SyvainTrainingData.from_env(env)
-    except ValueError as error:
+    except (ValueError, ModuleNotFoundError) as error:
         raise UsageError(str(error).splitlines()[0]) from error
 
 
@@ -86,21 +105,11 @@ def to_uri(argument: str) -> str:
         ) from None
 
 
-def require_credentials(ctx: Context, *uris: str) -> None:
-    config = ctx.client.storage_config
-    if any(uri.startswith("s3://") for uri in uris) and not (
-        config.access_key_id and config.secret_access_key
-    ):
-        raise UsageError(
-            "s3:// URIs need credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
-            "(and AWS_ENDPOINT_URL for a server other than AWS), or pass --access-key-id"
-        )
-
-
 def manifest_uri(ctx: Context, argument: str) -> str:
-    uri = to_uri(argument)
-    require_credentials(ctx, uri)
-    return uri
+    """A manifest argument as a URI. Credentials for s3:// are found when the first request
+    is signed: a client without keys resolves the AWS default chain then, and "no credentials
+    found" exits 2 (see :func:`syvain_training_data.cli.main`)."""
+    return to_uri(argument)
 
 
 def check_schemes(ctx: Context, manifest_uri: str, shards: Sequence[ManifestShard]) -> None:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from syvain_training_data.cli.context import Context, check_schemes, require_credentials, to_uri
+from syvain_training_data.cli.context import Context, check_schemes, to_uri
 from syvain_training_data.cli.output import Progress, emit, plural
 from syvain_training_data.cli.shards import unique_shards
 from syvain_training_data.manifest import (
@@ -67,7 +67,6 @@ def _publish_manifest(ctx: Context, uri: str, data: bytes) -> None:
 def cp_command(ctx: Context) -> None:
     source = to_uri(ctx.args.source)
     destination = _destination(source, ctx.args.destination)
-    require_credentials(ctx, source, destination)
     config = ctx.client.storage_config
     data = read_manifest_bytes(source, storage_config=config)  # at most 256 MiB, read once
     manifest = parse_manifest(data, source)
@@ -78,7 +77,6 @@ def cp_command(ctx: Context) -> None:
 
     shards = unique_shards(manifest)
     check_schemes(ctx, source, shards)
-    require_credentials(ctx, *(shard.uri for shard in shards))
     targets = {shard.uri: copy_layout(source, destination, shard.uri) for shard in shards}
     if len(set(targets.values())) != len(targets) or destination in targets.values():
         raise RuntimeError(f"two objects of {source} would be copied to the same destination URI")

@@ -49,6 +49,18 @@ def _common_options(suppress: bool) -> argparse.ArgumentParser:
         help="read the secret key from the first line of this file ('-' for stdin)",
     )
     group.add_argument(
+        "--profile",
+        default=default,
+        metavar="NAME",
+        help="AWS profile of ~/.aws/config and credentials (AWS_PROFILE; needs the aws extra)",
+    )
+    group.add_argument(
+        "--no-sign-request",
+        action="store_true",
+        default=argparse.SUPPRESS if suppress else False,
+        help="send unsigned requests, for a public bucket (AWS_SKIP_SIGNATURE)",
+    )
+    group.add_argument(
         "--debug",
         action="store_true",
         default=argparse.SUPPRESS if suppress else False,

@@ -4,7 +4,7 @@
 
 use pyo3::exceptions::{
     PyFileExistsError, PyFileNotFoundError, PyInterruptedError, PyKeyboardInterrupt, PyOSError,
-    PyPermissionError, PyRuntimeError, PyValueError,
+    PyPermissionError, PyRuntimeError, PyTypeError, PyValueError,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
@@ -66,6 +66,7 @@ pub fn to_python(err: NativeError) -> PyErr {
     let message = err.to_string();
     match err {
         NativeError::Config(_) | NativeError::Encode(_) => PyValueError::new_err(message),
+        NativeError::ConfigType(_) => PyTypeError::new_err(message),
         NativeError::NotFound { .. } => PyFileNotFoundError::new_err(message),
         NativeError::AlreadyExists { .. } => PyFileExistsError::new_err(message),
         NativeError::Permission { .. } => PyPermissionError::new_err(message),

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 mod caller;
 mod codec;
 mod counters;
+mod credentials;
 mod download;
 mod error;
 mod object_stream;

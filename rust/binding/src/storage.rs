@@ -2,6 +2,7 @@
 //! the core's `Storage` with the GIL released, and turns the answer into Python objects.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use object_store::PutPayload;
@@ -10,6 +11,7 @@ use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::PyBytes;
 use syvain_core::codec::columnar::{column_selection, BatchOptions};
 use syvain_core::codec::{RecordRange, ShardFormat};
+use syvain_core::credentials::AwsCredentialProvider;
 use syvain_core::storage::Storage;
 use syvain_core::store::StoreConfig;
 use syvain_core::upload::{self, WriteOptions};
@@ -17,6 +19,7 @@ use syvain_core::upload::{self, WriteOptions};
 use crate::caller::PythonCaller;
 use crate::codec::shard_batches::ShardBatchReader;
 use crate::codec::shard_reader::ShardReader;
+use crate::credentials::PyCredentialProvider;
 use crate::error::BindingResult;
 use crate::object_stream::ObjectStream;
 
@@ -28,21 +31,36 @@ pub struct NativeStorage {
 
 #[pymethods]
 impl NativeStorage {
+    /// Credentials, first match: `skip_signature`; `credential_provider` (a callable returning
+    /// `(access_key_id, secret_access_key, session_token | None, seconds_left | None)`); the
+    /// static keys (+ `session_token`); else the AWS SDKs' default chain.
     #[new]
-    #[pyo3(signature = (*, s3_base_url=None, region="us-east-1".to_string(), access_key_id=None, secret_access_key=None, virtual_hosted_style_request=false))]
+    #[pyo3(signature = (*, s3_base_url=None, region="us-east-1".to_string(), access_key_id=None, secret_access_key=None, session_token=None, virtual_hosted_style_request=false, skip_signature=false, credential_provider=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
+        py: Python<'_>,
         s3_base_url: Option<String>,
         region: String,
         access_key_id: Option<String>,
         secret_access_key: Option<String>,
+        session_token: Option<String>,
         virtual_hosted_style_request: bool,
+        skip_signature: bool,
+        credential_provider: Option<Py<PyAny>>,
     ) -> BindingResult<Self> {
+        let credential_provider = credential_provider.map(|callable| {
+            Arc::new(PyCredentialProvider::new(py, callable)) as AwsCredentialProvider
+        });
         let config = StoreConfig {
             s3_base_url: s3_base_url.filter(|u| !u.is_empty()),
             region,
             access_key_id,
             secret_access_key,
+            session_token,
             virtual_hosted_style_request,
+            skip_signature,
+            credential_provider,
+            default_chain: false,
         };
         // Misconfiguration fails at once, not on first use.
         Ok(Self {
@@ -53,8 +71,12 @@ impl NativeStorage {
     fn __repr__(&self) -> String {
         let config = self.storage.config();
         format!(
-            "NativeStorage(s3_base_url={:?}, region={:?}, virtual_hosted_style_request={})",
-            config.s3_base_url, config.region, config.virtual_hosted_style_request
+            "NativeStorage(s3_base_url={:?}, region={:?}, virtual_hosted_style_request={}, \
+             credentials={:?})",
+            config.s3_base_url,
+            config.region,
+            config.virtual_hosted_style_request,
+            config.credential_source()
         )
     }
 

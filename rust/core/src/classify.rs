@@ -36,6 +36,14 @@ pub fn classify_store_error(
             return classify_local_io(uri, io);
         }
     }
+    // No credentials: fails at once, with the message of the source (never a secret).
+    if let Some(found) = crate::credentials::find_credential_error(&error) {
+        let message = format!("{uri}: {}", found.message);
+        return StoreFailure::Fatal(match found.wrong_type {
+            true => NativeError::ConfigType(message),
+            false => NativeError::Config(message),
+        });
+    }
     let detail = error_chain(&error);
     match error {
         // A multipart upload the store forgot: the whole write is retried (SPEC section 4).

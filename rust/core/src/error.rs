@@ -7,6 +7,10 @@ pub enum NativeError {
     /// Bad URL, unknown scheme, missing credentials: fails at once.
     #[error("{0}")]
     Config(String),
+    /// A value of the wrong type where one was configured (a credential provider's answer):
+    /// fails at once, as TypeError.
+    #[error("{0}")]
+    ConfigType(String),
     #[error("Object not found: {uri}")]
     NotFound { uri: String },
     #[error("Object already exists: {uri}")]

@@ -6,6 +6,7 @@ pub mod caller;
 pub mod classify;
 pub mod codec;
 pub mod counters;
+pub mod credentials;
 pub mod download;
 pub mod error;
 pub mod local_file;

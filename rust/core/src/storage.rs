@@ -37,7 +37,7 @@ impl Storage {
             endpoint_for(base, "bucket", config.virtual_hosted_style_request)?;
         }
         Ok(Self {
-            config,
+            config: config.resolved(),
             stores: Arc::new(Mutex::new(HashMap::new())),
         })
     }

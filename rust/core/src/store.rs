@@ -3,22 +3,60 @@
 use std::fmt;
 use std::sync::Arc;
 
-use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
+use object_store::aws::{AmazonS3Builder, AwsCredential, S3ConditionalPut};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
-use object_store::{ClientOptions, ObjectStore, RetryConfig};
+use object_store::{ClientOptions, ObjectStore, RetryConfig, StaticCredentialProvider};
 
+use crate::credentials::{AwsCredentialProvider, ChainProvider};
 use crate::error::{NativeError, NativeResult};
 use crate::policy::Policy;
 
-/// Connection settings for s3:// URIs. The secret never appears in `Debug` or any message.
-#[derive(Clone)]
+/// Connection settings for s3:// URIs. The secret and the session token never appear in
+/// `Debug` or any message.
+///
+/// Credentials, first match: `skip_signature` (unsigned requests, no credentials at all); a
+/// `credential_provider`; the static `access_key_id` + `secret_access_key` (+ `session_token`);
+/// otherwise the AWS SDKs' default chain ([`ChainProvider`], set by [`StoreConfig::resolved`]).
+#[derive(Clone, Default)]
 pub struct StoreConfig {
     pub s3_base_url: Option<String>,
     pub region: String,
     pub access_key_id: Option<String>,
     pub secret_access_key: Option<String>,
+    pub session_token: Option<String>,
     pub virtual_hosted_style_request: bool,
+    pub skip_signature: bool,
+    pub credential_provider: Option<AwsCredentialProvider>,
+    /// Set by [`StoreConfig::resolved`] when `credential_provider` is the default chain.
+    pub default_chain: bool,
+}
+
+impl StoreConfig {
+    /// Where requests get their credentials, for messages and `repr`s.
+    pub fn credential_source(&self) -> &'static str {
+        if self.skip_signature {
+            "unsigned"
+        } else if self.default_chain {
+            "chain"
+        } else if self.credential_provider.is_some() {
+            "provider"
+        } else if self.access_key_id.is_some() || self.secret_access_key.is_some() {
+            "static"
+        } else {
+            "chain"
+        }
+    }
+
+    /// The config with the default chain as its provider when it names no other source (one
+    /// chain per client, so its credentials are cached across the client's stores).
+    pub fn resolved(mut self) -> Self {
+        if self.credential_source() == "chain" {
+            self.credential_provider = Some(Arc::new(ChainProvider::new(&self.region)));
+            self.default_chain = true;
+        }
+        self
+    }
 }
 
 impl fmt::Debug for StoreConfig {
@@ -31,10 +69,12 @@ impl fmt::Debug for StoreConfig {
                 "secret_access_key",
                 &self.secret_access_key.as_ref().map(|_| "***"),
             )
+            .field("session_token", &self.session_token.as_ref().map(|_| "***"))
             .field(
                 "virtual_hosted_style_request",
                 &self.virtual_hosted_style_request,
             )
+            .field("credentials", &self.credential_source())
             .finish()
     }
 }
@@ -182,11 +222,37 @@ fn build_s3(
     bucket: &str,
     policy: &Policy,
 ) -> NativeResult<Arc<dyn ObjectStore>> {
-    let (Some(access_key_id), Some(secret)) = (&config.access_key_id, &config.secret_access_key)
-    else {
-        return Err(NativeError::Config(format!(
-            "s3://{bucket}: no credentials configured (access_key_id and secret_access_key)"
-        )));
+    let credentials: AwsCredentialProvider = if config.skip_signature {
+        // Never asked for (requests go unsigned); set so nothing looks for credentials.
+        Arc::new(StaticCredentialProvider::new(AwsCredential {
+            key_id: String::new(),
+            secret_key: String::new(),
+            token: None,
+        }))
+    } else if let Some(provider) = &config.credential_provider {
+        provider.clone()
+    } else {
+        match (&config.access_key_id, &config.secret_access_key) {
+            (Some(key_id), Some(secret)) => {
+                Arc::new(StaticCredentialProvider::new(AwsCredential {
+                    key_id: key_id.clone(),
+                    secret_key: secret.clone(),
+                    token: config.session_token.clone(),
+                }))
+            }
+            (Some(_), None) => {
+                return Err(NativeError::Config(format!(
+                    "s3://{bucket}: access_key_id is given without secret_access_key"
+                )))
+            }
+            (None, Some(_)) => {
+                return Err(NativeError::Config(format!(
+                    "s3://{bucket}: secret_access_key is given without access_key_id"
+                )))
+            }
+            // A config that did not go through `resolved()`: the chain, for this store only.
+            (None, None) => Arc::new(ChainProvider::new(&config.region)),
+        }
     };
     let client_options = ClientOptions::new()
         .with_allow_http(true)
@@ -201,8 +267,8 @@ fn build_s3(
     let mut builder = AmazonS3Builder::new()
         .with_bucket_name(bucket)
         .with_region(&config.region)
-        .with_access_key_id(access_key_id)
-        .with_secret_access_key(secret)
+        .with_credentials(credentials)
+        .with_skip_signature(config.skip_signature)
         .with_client_options(client_options)
         .with_retry(retry)
         .with_conditional_put(S3ConditionalPut::ETagMatch)
@@ -331,8 +397,14 @@ mod tests {
             region: "us-east-1".into(),
             access_key_id: Some("AKID".into()),
             secret_access_key: Some("very-secret".into()),
-            virtual_hosted_style_request: false,
+            session_token: Some("very-secret-token".into()),
+            ..Default::default()
         };
-        assert!(!format!("{config:?}").contains("very-secret"));
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("very-secret"), "{shown}");
+        assert!(shown.contains("static"), "{shown}");
+        let chain = StoreConfig::default().resolved();
+        assert_eq!(chain.credential_source(), "chain");
+        assert!(chain.credential_provider.is_some());
     }
 }

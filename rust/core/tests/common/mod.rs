@@ -49,9 +49,7 @@ pub fn local_storage() -> Storage {
     Storage::new(StoreConfig {
         s3_base_url: None,
         region: "us-east-1".into(),
-        access_key_id: None,
-        secret_access_key: None,
-        virtual_hosted_style_request: false,
+        ..Default::default()
     })
     .expect("local storage")
 }
