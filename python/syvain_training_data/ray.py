@@ -97,8 +97,8 @@ def _workers_have_secret(access_key_id: str | None, needs_token: bool) -> bool:
     return _secret_from_environment(access_key_id) is not None
 
 
-# (job, node, access key id) whose workers were found to have the secret.
-_NODES_WITH_SECRET: set[tuple[str, str, str | None]] = set()
+# (job, node, access key id, session token needed) whose workers were found to have the secret.
+_NODES_WITH_SECRET: set[tuple[str, str, str | None, bool]] = set()
 
 
 def check_workers_have_secret(storage_config: StorageConfig, uris: Iterable[str]) -> None:
@@ -119,7 +119,7 @@ def check_workers_have_secret(storage_config: StorageConfig, uris: Iterable[str]
     nodes = [
         node["NodeID"]
         for node in ray.nodes()  # type: ignore[no-untyped-call]  # (ray leaves it untyped)
-        if node["Alive"] and (job, node["NodeID"], key) not in _NODES_WITH_SECRET
+        if node["Alive"] and (job, node["NodeID"], key, needs_token) not in _NODES_WITH_SECRET
     ]
     answers = ray.get(
         [
@@ -130,7 +130,9 @@ def check_workers_have_secret(storage_config: StorageConfig, uris: Iterable[str]
         ]
     )
     missing = [node for node, has in zip(nodes, answers, strict=True) if not has]
-    _NODES_WITH_SECRET.update((job, node, key) for node in nodes if node not in missing)
+    _NODES_WITH_SECRET.update(
+        (job, node, key, needs_token) for node in nodes if node not in missing
+    )
     if missing:
         raise ValueError(
             f"The Ray workers of {len(missing)} of {len(nodes)} node(s) have no secret access "
