@@ -3,9 +3,9 @@
 ``FakeAws`` plays, on one port:
 
 - an S3-compatible store that accepts anything (GET and HEAD of a key answer its bytes in
-  ``objects``, or ``hello``; PUT answers an etag) and records each request's method, path and
-  headers, so a test can see which credentials signed it (``Authorization``,
-  ``x-amz-security-token``);
+  ``objects``, or ``hello``, ranged GETs their range; PUT answers an etag) and records each
+  request's method, path and headers, so a test can see which credentials signed it
+  (``Authorization``, ``x-amz-security-token``);
 - the container credentials service (``GET /creds``, checking ``Authorization`` when a token
   is expected);
 - the EC2 instance metadata service, IMDSv2 (``PUT /latest/api/token``, then
@@ -112,15 +112,19 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(503, b"<Error><Code>SlowDown</Code></Error>")
             return
         body = fake.objects.get(self.path.split("?", 1)[0], b"hello")
-        self._send(
-            200,
-            body,
-            {
-                "ETag": '"hello-etag"',
-                "Last-Modified": formatdate(usegmt=True),
-                "Content-Type": "application/octet-stream",
-            },
-        )
+        headers = {
+            "ETag": '"hello-etag"',
+            "Last-Modified": formatdate(usegmt=True),
+            "Content-Type": "application/octet-stream",
+        }
+        wanted = self.headers.get("Range", "")
+        if wanted.startswith("bytes="):  # a ranged read, as streams make: "bytes=a-b" or "a-"
+            first, _, last = wanted[len("bytes=") :].partition("-")
+            start, end = int(first), min(int(last) if last else len(body) - 1, len(body) - 1)
+            headers["Content-Range"] = f"bytes {start}-{end}/{len(body)}"
+            self._send(206, body[start : end + 1], headers)
+            return
+        self._send(200, body, headers)
 
 
 class _Server(ThreadingHTTPServer):

@@ -807,8 +807,9 @@ def test_cli_no_sign_request_and_profile(clean_env, monkeypatch, tmp_path):
         )
         code, _, err = cli("inspect", "s3://bucket/m.json", "--profile", "cli", env=keys)
         assert (code, err) == (0, "")
-    # Unsigned, then the environment's keys, then the profile (which wins over them).
-    assert fake.signing_keys() == [None, "AKIDENV", "AKIDPROFILE"]
+    # Unsigned, then the environment's keys, then the profile (which wins over them); each
+    # manifest read is a HEAD (its size against the limit) then one GET.
+    assert fake.signing_keys() == [None, None, "AKIDENV", "AKIDENV", "AKIDPROFILE", "AKIDPROFILE"]
 
 
 def test_cli_credential_usage_errors(clean_env):
