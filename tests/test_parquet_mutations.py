@@ -165,13 +165,16 @@ def read_cleanly(directory: Path) -> None:
     check()
 
 
+# The child's peak is its VmHWM, not ru_maxrss: Linux keeps ru_maxrss across exec, so it
+# would show the (large) test process's own peak.
 CHILD = """
-import resource, sys
+import sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 import test_parquet_mutations as t
 t.read_cleanly(Path(sys.argv[2]))
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+hwm = next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(int(hwm) * 1024)
 """
 
 
