@@ -22,7 +22,7 @@ import json
 import threading
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 ROLE = "test-role"
 IMDS_TOKEN = "imds-session-token"
@@ -127,12 +127,36 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, body, headers)
 
 
+class _Serving:
+    """A server of ours on 127.0.0.1 in a thread: ``with`` starts and stops it."""
+
+    _server: ThreadingHTTPServer
+
+    def _serve(self, scheme: str = "http") -> None:
+        self._scheme = scheme
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"{self._scheme}://{host}:{port}"
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     fake: FakeAws
 
 
-class FakeAws:
+class FakeAws(_Serving):
     """See the module docstring. Use as a context manager; ``url`` is ``http://127.0.0.1:PORT``."""
 
     def __init__(self, *, expires_in: float = 3600, container_token: str | None = None) -> None:
@@ -147,21 +171,7 @@ class FakeAws:
         self.lock = threading.Lock()
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.fake = self
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def __enter__(self) -> FakeAws:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+        self._serve()
 
     def s3_requests(self) -> list[tuple[str, str, dict[str, str]]]:
         """The requests made to the store (not to the credential services)."""
@@ -283,7 +293,7 @@ class _StsServer(ThreadingHTTPServer):
     sts: FakeSts
 
 
-class FakeSts:
+class FakeSts(_Serving):
     """STS over HTTPS on 127.0.0.1 (object_store calls it over HTTPS only), with a certificate
     of ``certificate_authority``'s: AssumeRoleWithWebIdentity and AssumeRole, each answering a
     new key pair (``WEBKEY1``..., ``ROLEKEY1``...); records each call's parameters and
@@ -302,21 +312,7 @@ class FakeSts:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert_file, key_file)
         self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"https://{host}:{port}"
-
-    def __enter__(self) -> FakeSts:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+        self._serve(scheme="https")
 
 
 def certificate_authority(directory: str) -> tuple[str, str, str]:
