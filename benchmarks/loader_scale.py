@@ -23,12 +23,15 @@ from typing import Any
 import psutil
 
 from syvain_training_data import SyvainTrainingData
+from syvain_training_data.formats.shard_index import block_records
 from syvain_training_data.loading import plan
 from syvain_training_data.loading.dataloader import state_size
 
 
 def plan_case() -> None:
     counts = tuple([10_000] * 1_000_000)
+    # Indexed shards of 20 MB (2 KB records): 10 blocks each, 10^7 blocks.
+    blocks = (block_records(10_000, 20_000_000),) * 1_000_000
     topology = plan.Topology(2048, 8, 32, False)
     interrupts = (
         plan.Interrupt(plan.Topology(1024, 16, 16, False), 50_000),
@@ -37,14 +40,14 @@ def plan_case() -> None:
     for name, chain in (("fresh", ()), ("after 2 interrupted runs", interrupts)):
         tracemalloc.start()
         start = time.perf_counter()
-        selection = plan.Selection(streams=(counts,), seed=1, window=plan.DEFAULT_WINDOW)
+        selection = plan.Selection(
+            streams=(counts,), seed=1, window=plan.DEFAULT_WINDOW, blocks=(blocks,)
+        )
         length = plan.epoch_length(selection, 3)
         part = plan.consumer_part(selection, length, chain, topology, 1234, 5)
-        order = selection.orders(3)[0]
+        (order,) = selection.orders(3)
         first = part[0][0]
-        span = order.window_span(first)
-        order.window_permutation(*span)
-        order.segments(*span)
+        next(iter(order.records(first, first + 1)))  # its first window, planned
         fingerprint = selection.fingerprint()
         seconds = time.perf_counter() - start
         peak = tracemalloc.get_traced_memory()[1]

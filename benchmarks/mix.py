@@ -1,11 +1,13 @@
 """Mixing benchmark (issue 25): how many sources a seeded batch mixes, beside a uniform
 permutation of the same records.
 
-1. **Loaded** (I/O): 64 sources x 500 records written one msgpack.zstf shard per source to a
-   local directory store, read with ``load("train", seed=0)`` at batch 32 with 0 and 2 workers;
-   per batch, the distinct sources and the largest source's share, averaged over the epoch.
-2. **Planned** (no I/O): the cluster case of the issue, 10,000 shards x 5,000 records, 64 ranks
-   x 8 workers, 8 records per device batch, computed from the plan alone
+1. **Loaded** (I/O): 64 sources x 500 records written one shard per source (msgpack.zstf, with
+   its index, and jsonl.gz) to a local directory store, read with ``load("train", seed=0)`` at
+   batch 32 with 0 and 2 workers; per batch, the distinct sources and the largest source's
+   share, averaged over the epoch; the bytes fetched over the shards' bytes, and range reads.
+2. **Planned** (no I/O): the cluster case of the issue, 10,000 shards x 5,000 records (of 2 KiB,
+   indexed: blocks of 496 records), 64 ranks x 8 workers, 8 records per device batch, computed
+   from the plan alone
    (``loading.plan.run_layout`` and the stream order's segments): distinct shards per device
    batch, and per global batch (the k-th batch of every rank: 512 records).
 
@@ -24,10 +26,14 @@ from collections import Counter
 from typing import Any
 
 from syvain_training_data import SyvainTrainingData
+from syvain_training_data.formats.shard_index import block_records
 from syvain_training_data.loading import plan
+from syvain_training_data.loading.block_order import BlockOrder
 
 SOURCES, PER_SOURCE, BATCH = 64, 500, 32
 CLUSTER_SHARDS, CLUSTER_RECORDS = 10_000, 5_000
+# Assumed for the plan-only case: 2 KiB records, indexed msgpack.zstf (blocks of ~1 MiB).
+CLUSTER_SHARD_BYTES = CLUSTER_RECORDS * 2048
 RANKS, WORKERS, DEVICE_BATCH = 64, 8, 8
 
 
@@ -49,36 +55,45 @@ def as_list(batch: list[Any]) -> list[Any]:
     return batch
 
 
-def loaded(workers: int) -> dict[str, float]:
+def loaded(workers: int, data_format: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as root:
         client = SyvainTrainingData()
         manifest_uri = f"file://{root}/data-manifest.json"
-        saver = client.dataset_saver(manifest_uri, data_format="msgpack.zstf")
+        saver = client.dataset_saver(manifest_uri, data_format=data_format)  # type: ignore[arg-type]
         for source in range(SOURCES):
             records = [{"source": source, "i": i} for i in range(PER_SOURCE)]
             saver.save("train", None, records, shard_id=f"{source:03d}")
-        saver.commit_manifest()
+        manifest = saver.commit_manifest()
         args: dict[str, Any] = {"batch_size": BATCH, "num_workers": workers}
         if workers:
             args["multiprocessing_context"] = "fork"
         loader = client.split_data_loader(manifest_uri, as_list, args)
+        dataloader = loader.load("train", seed=0)
         distinct, largest = [], []
-        for batch in loader.load("train", seed=0):
+        for batch in dataloader:
             counts = Counter(record["source"] for record in batch)
             distinct.append(len(counts))
             largest.append(max(counts.values()) / len(batch))
+        stats = dataloader.stats()
+        shard_bytes = sum(shard.size_bytes for shard in manifest.splits["train"].shards)
     return {
         "distinct_sources_per_batch": sum(distinct) / len(distinct),
         "largest_source_share": sum(largest) / len(largest),
+        "bytes_over_shard_bytes": stats.bytes / shard_bytes,
+        "range_reads": stats.shard_opens,
     }
 
 
 def planned(steps: int) -> dict[str, float]:
     counts = (CLUSTER_RECORDS,) * CLUSTER_SHARDS
-    selection = plan.Selection(streams=(counts,), seed=0, window=plan.DEFAULT_WINDOW)
+    blocks = (block_records(CLUSTER_RECORDS, CLUSTER_SHARD_BYTES),) * CLUSTER_SHARDS
+    selection = plan.Selection(
+        streams=(counts,), seed=0, window=plan.DEFAULT_WINDOW, blocks=(blocks,)
+    )
     topology = plan.Topology(RANKS, WORKERS, DEVICE_BATCH, drop_last=True)
     length = plan.epoch_length(selection, 0)
     (order,) = selection.orders(0)
+    assert isinstance(order, BlockOrder)
     layout = plan.run_layout(selection, length, [], topology)
     device, global_ = [], []
     for step in range(steps):
@@ -88,7 +103,7 @@ def planned(steps: int) -> dict[str, float]:
         for rank in range(RANKS):
             part = plan.Level(layout[rank][worker])
             positions = part.slice(batch * DEVICE_BATCH, (batch + 1) * DEVICE_BATCH)
-            shards = {s for a, b in positions for s, _, _ in order.segments(a, b)}
+            shards = {s for a, b in positions for s, _ in order.records(a, b)}
             device.append(len(shards))
             union |= shards
         global_.append(len(union))
@@ -103,11 +118,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16, help="global batches planned")
     options = parser.parse_args()
     uniform_batch = expected_distinct(SOURCES, PER_SOURCE, BATCH)
-    for workers in (0, 2):
-        result = loaded(workers)
-        result["uniform_distinct_sources_per_batch"] = uniform_batch
-        ratio = result["distinct_sources_per_batch"] / uniform_batch
-        print(json.dumps({"case": f"loaded, {workers} workers", **result, "ratio": ratio}))
+    for data_format in ("msgpack.zstf", "jsonl.gz"):
+        for workers in (0, 2):
+            result = loaded(workers, data_format)
+            result["uniform_distinct_sources_per_batch"] = uniform_batch
+            ratio = result["distinct_sources_per_batch"] / uniform_batch
+            case = f"loaded, {data_format}, {workers} workers"
+            print(json.dumps({"case": case, **result, "ratio": ratio}), flush=True)
     result = planned(options.steps)
     uniform_device = expected_distinct(CLUSTER_SHARDS, CLUSTER_RECORDS, DEVICE_BATCH)
     global_batch = RANKS * DEVICE_BATCH

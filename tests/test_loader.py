@@ -361,17 +361,15 @@ def test_resume_does_not_download_finished_shards(local_dataset, workers, monkey
 
     client, uri = local_dataset
     opened = tmp_path / "opened.txt"
-    real_iter_shard = dataset_module.iter_shard
+    real_read_records = dataset_module.read_records
 
-    def recording_iter_shard(data_format, shard, *, storage_config, start=0, stop=None):
+    def recording_read_records(data_format, shard, storage_config, start, stop, *rest):
         name = shard.uri.rsplit("-", 1)[-1].split(".")[0]
         with opened.open("a") as log:
             log.write(f"{int(name)},{start},{shard.records if stop is None else stop}\n")
-        return real_iter_shard(
-            data_format, shard, storage_config=storage_config, start=start, stop=stop
-        )
+        return real_read_records(data_format, shard, storage_config, start, stop, *rest)
 
-    monkeypatch.setattr(dataset_module, "iter_shard", recording_iter_shard)
+    monkeypatch.setattr(dataset_module, "read_records", recording_read_records)
     args: dict[str, Any] = {"num_workers": workers, "batch_size": 1}
     if workers:
         args["multiprocessing_context"] = "fork"
@@ -448,14 +446,14 @@ def test_next_shard_is_requested_before_the_current_one_ends(local_dataset, monk
     client, uri = local_dataset
     events: list[str] = []
     opened = {name: threading.Event() for name in ("part-001.msgpack.zstf",)}
-    real_iter_shard = dataset_module.iter_shard
+    real_read_records = dataset_module.read_records
 
-    def recording_iter_shard(data_format, shard, *, storage_config, **bounds):
+    def recording_read_records(data_format, shard, *rest):
         name = shard.uri.rsplit("/", 1)[-1]
         events.append(f"open {name}")
         if name in opened:
             opened[name].set()
-        yield from real_iter_shard(data_format, shard, storage_config=storage_config, **bounds)
+        yield from real_read_records(data_format, shard, *rest)
         if name == "part-000.msgpack.zstf":
             # The current shard ends only once the next one was requested, which only a
             # request made in the background while this one is read can do (no timing: the
@@ -464,7 +462,7 @@ def test_next_shard_is_requested_before_the_current_one_ends(local_dataset, monk
             assert opened["part-001.msgpack.zstf"].wait(HANG_GUARD_S), "never requested"
         events.append(f"end {name}")
 
-    monkeypatch.setattr(dataset_module, "iter_shard", recording_iter_shard)
+    monkeypatch.setattr(dataset_module, "read_records", recording_read_records)
     dataset = client.split_data_loader(uri, as_list).load("train", "easy").dataset
     for _ in dataset:
         pass

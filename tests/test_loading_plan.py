@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -11,7 +12,8 @@ from collections.abc import Iterator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from syvain_training_data.loading import plan
+from syvain_training_data.loading import block_order, plan
+from syvain_training_data.loading.block_order import BlockOrder, window_counts
 
 counts_strategy = st.lists(st.integers(1, 60), min_size=1, max_size=12)
 topology_strategy = st.builds(
@@ -36,15 +38,9 @@ small_topology = st.builds(
 def epoch_positions(selection: plan.Selection, epoch: int) -> list[tuple[int, int]]:
     """Every position of the epoch as (shard, record), in epoch order (single stream)."""
     order = selection.orders(epoch)[0]
-    base = [(shard, r) for shard, a, b in order.segments(0, order.total) for r in range(a, b)]
-    if not order.window:
-        return base
-    out, position = [], 0
-    while position < order.total:
-        first, last = order.window_span(position)
-        out += [base[first + offset] for offset in order.window_permutation(first, last)]
-        position = last
-    return out
+    if isinstance(order, plan.StreamOrder):
+        return [(s, r) for s, a, b in order.segments(0, order.total) for r in range(a, b)]
+    return list(order.records(0, order.total))
 
 
 def consumers(
@@ -85,20 +81,69 @@ def test_parts_are_disjoint_complete_balanced_and_in_epoch_order(counts, topolog
         assert len(batches) == 1
 
 
-@settings(max_examples=100, deadline=None)
-@given(counts=counts_strategy, seed=st.integers(0, 2**32), window=st.integers(0, 40))
-def test_the_epoch_order_is_a_permutation_fixed_by_seed_and_epoch(counts, seed, window):
-    selection = plan.Selection(streams=(tuple(counts),), seed=seed, window=window)
+@st.composite
+def blocked_counts(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    counts = draw(counts_strategy)
+    return tuple(counts), tuple(draw(st.integers(1, n)) for n in counts)
+
+
+@settings(max_examples=150, deadline=None)
+@given(blocked=blocked_counts(), seed=st.integers(0, 2**32), window=st.integers(0, 40))
+def test_the_seeded_order_is_a_permutation_of_blocks_interleaved_in_order(blocked, seed, window):
+    counts, blocks = blocked
+    selection = plan.Selection(streams=(counts,), seed=seed, window=window, blocks=(blocks,))
     every = sorted((s, r) for s, n in enumerate(counts) for r in range(n))
     first = epoch_positions(selection, 0)
     assert sorted(first) == every
     assert epoch_positions(selection, 0) == first
     order = selection.orders(0)[0]
-    if order.window:  # windows never straddle a shard
-        for position in range(order.total):
-            first_record, last_record = order.window_span(position)
-            shards = {s for s, _, _ in order.segments(first_record, last_record)}
-            assert len(shards) == 1 and last_record - first_record <= window
+    assert isinstance(order, BlockOrder)
+    # Each window holds at most `window` blocks, each a run of one shard, read in order.
+    for window_ in {(w := order.window_at(p)).first: w for p in range(order.total)}.values():
+        assert 1 <= len(window_.blocks) <= max(1, window)
+        held = [(s, a + i) for s, a, n in window_.blocks for i in range(n)]
+        here = first[window_.first : window_.last]
+        assert sorted(here) == sorted(held)
+        for s, a, n in window_.blocks:
+            assert [r for t, r in here if t == s and a <= r < a + n] == list(range(a, a + n))
+            assert a % blocks[s] == 0 and n == min(blocks[s], counts[s] - a)
+
+
+@settings(max_examples=150, deadline=None)
+@given(blocked=blocked_counts(), seed=st.integers(0, 1000), cuts=st.lists(st.integers(0, 10**6)))
+def test_any_stretch_of_a_window_reads_one_contiguous_range_per_block(blocked, seed, cuts):
+    """What lets a consumer whose part starts inside a window read only its own records: the
+    positions [low, high) hold, of each block, the records window_counts(low) to
+    window_counts(high)."""
+    counts, blocks = blocked
+    selection = plan.Selection(streams=(counts,), seed=seed, window=8, blocks=(blocks,))
+    order = selection.orders(1)[0]
+    total = order.total
+    marks = sorted({0, total, *(c % (total + 1) for c in cuts)})
+    for low, high in itertools.pairwise(marks):
+        expected = list(order.records(low, high))
+        got = []
+        for window_, a, b in order.windows(low, high):
+            before, until = window_counts(window_, a), window_counts(window_, b)
+            runs = [
+                iter(range(first + x, first + y))
+                for (_, first, _), x, y in zip(window_.blocks, before, until, strict=True)
+            ]
+            labels = [0] * (b - a) if window_.labels is None else window_.labels[a:b]
+            got += [(window_.blocks[k][0], next(runs[k])) for k in labels]
+            assert all(next(run, None) is None for run in runs)
+        assert got == expected
+
+
+def test_windows_mix_blocks_from_across_the_selection():
+    """64 shards of 500 records, one block each: a window of 64 blocks is the whole selection,
+    and a batch of 32 consecutive positions draws from about as many shards as a uniform
+    permutation's (25.3)."""
+    counts = (500,) * 64
+    selection = plan.Selection(streams=(counts,), seed=3, window=64, blocks=(counts,))
+    order = list(selection.orders(0)[0].records(0, 32_000))
+    distinct = [len({s for s, _ in order[i : i + 32]}) for i in range(0, 32_000, 32)]
+    assert sum(distinct) / len(distinct) > 0.9 * 25.3
 
 
 @settings(max_examples=300, deadline=None)
@@ -207,15 +252,32 @@ def test_one_shard_feeds_64_ranks_of_8_workers():
     assert sum(sizes) == 1000 and max(sizes) - min(sizes) <= 1 and min(sizes) == 1
 
 
-def test_shards_are_permuted_in_groups_and_still_once(monkeypatch):
-    monkeypatch.setattr(plan, "SHARD_GROUP", 3)
+def test_blocks_are_permuted_in_groups_and_still_once(monkeypatch):
+    monkeypatch.setattr(block_order, "GROUP_BLOCKS", 3)
     counts = (4, 1, 7, 2, 9, 3, 5, 6)
-    selection = plan.Selection(streams=(counts,), seed=4, window=5)
+    blocks = (2, 1, 3, 2, 4, 1, 5, 2)
+    selection = plan.Selection(streams=(counts,), seed=4, window=5, blocks=(blocks,))
     first = epoch_positions(selection, 0)
     assert sorted(first) == sorted((s, r) for s, n in enumerate(counts) for r in range(n))
     assert first != epoch_positions(selection, 1)
     order = selection.orders(0)[0]
-    assert len(order.group_order) == 3
+    assert len(order.group_bounds) > 3
+
+
+def test_a_window_holds_a_bounded_interleaving(monkeypatch):
+    """Whole-shard blocks of large shards (a dataset without indexes): a window takes fewer
+    blocks rather than interleave more than MAX_WINDOW_RECORDS records."""
+    monkeypatch.setattr(block_order, "MAX_WINDOW_RECORDS", 100)
+    counts = (60, 50, 40, 200, 10)
+    selection = plan.Selection(streams=(counts,), seed=2, window=64)
+    order = selection.orders(0)[0]
+    windows = {(w := order.window_at(p)).first: w for p in range(order.total)}
+    for window_ in windows.values():
+        held = sum(n for _, _, n in window_.blocks)
+        assert held <= 100 or len(window_.blocks) == 1
+    assert sorted(epoch_positions(selection, 0)) == sorted(
+        (s, r) for s, n in enumerate(counts) for r in range(n)
+    )
 
 
 # --- runs on one topology merge into one (issue 27) ---------------------------------------
@@ -315,12 +377,13 @@ def test_a_seeded_consumer_plans_its_windows_as_it_reads():
     from budget import line_budget
     from syvain_training_data.loading.reader import consumer_records
 
-    def open_range(shard_range: tuple[int, int, int]) -> Iterator[int]:
-        _, start, stop = shard_range
-        return iter(range(start, stop))
+    def open_range(shard_range: tuple[int, int, int]) -> Iterator[tuple[int, int]]:
+        shard, start, stop = shard_range
+        return ((shard, record) for record in range(start, stop))
 
     for counts in ([10**9], [10**15], [10**6] * 1000):
-        order = plan.StreamOrder(counts, 0, 0, 0, 8192)
+        selection = plan.Selection(streams=(tuple(counts),), seed=0, window=64)
+        order = selection.orders(0)[0]
         with line_budget(300_000):  # ~180,000 lines for any part size; 7.6M before
             records = consumer_records(
                 [order], [list(range(len(counts)))], None, [(0, order.total)], open_range

@@ -2,7 +2,7 @@
 
 import builtins
 import os
-from collections.abc import Buffer, Callable, Iterable, Iterator, Mapping
+from collections.abc import Buffer, Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, final
 
@@ -48,6 +48,7 @@ class NativeStorage:
         etag: str | None = None,
         start: int = 0,
         stop: int | None = None,
+        segment: tuple[int, int] | None = None,  # (byte_start, byte_end), read as a shard
     ) -> ShardReader: ...
     def open_shard_batches(
         self,
@@ -61,6 +62,7 @@ class NativeStorage:
         stop: int | None = None,
         columns: builtins.list[str] | None = None,
         batch_size: int,
+        segment: tuple[int, int] | None = None,
     ) -> ShardBatchReader: ...
 
 @final
@@ -145,6 +147,10 @@ def set_storage_policy(
     stream_response_deadline_s: float,
 ) -> None: ...
 def get_storage_policy() -> dict[str, float]: ...
+
+# rust/binding/src/interleave.rs: a seeded order of labelled blocks (sum(counts) u16 LE labels,
+# label k counts[k] times), fixed forever for a given (counts, seed).
+def interleave(counts: Sequence[int], seed: int) -> bytes: ...
 
 # rust/binding/src/upload.rs: streaming uploads for the saver.
 SINGLE_PUT_MAX: int

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any, Protocol
 
+from syvain_training_data.formats.shard_index import ShardIndex
 from syvain_training_data.manifest import DATA_FORMATS, DataManifestDataFormat, ManifestShard
 from syvain_training_data.storage import StorageConfig, native_storage
 
@@ -50,6 +51,7 @@ def iter_shard(
     storage_config: StorageConfig | None = None,
     start: int = 0,
     stop: int | None = None,
+    index: ShardIndex | None = None,
 ) -> Generator[Mapping[str, Any]]:
     """Yields the records of ``shard`` in order, never more than ``shard.records``.
 
@@ -59,6 +61,12 @@ def iter_shard(
     by their length headers, jsonl.gz lines found by their "\\n"); a read that stops before the
     end only checks that the shard holds at least ``stop`` records. In a jsonl.gz range read a
     record index counts the non-blank lines, invalid ones included.
+
+    ``index`` (a msgpack.zstf shard's :class:`~syvain_training_data.formats.shard_index.ShardIndex`,
+    read from ``{shard.uri}.index.json``) makes a range read one ranged GET from the index entry
+    at or before ``start`` to the one at or after ``stop``: the bytes before and after the
+    range are not fetched. The segment is read as a shard of its own (every frame and count
+    check applies to it), so a wrong index is an error, never wrong records.
 
     The generator's ``close()`` (or leaving it to the garbage collector) stops the stream of a
     shard that is not read to its end.
@@ -75,16 +83,48 @@ def iter_shard(
 
         yield from iter_parquet_shard(shard, storage_config=storage_config, start=start, stop=stop)
         return
+    yield from read_records(data_format, shard, storage_config, start, stop, index)
+
+
+def _segment(
+    data_format: str, shard: ManifestShard, start: int, stop: int | None, index: ShardIndex | None
+) -> tuple[int, int, int | None, tuple[int, int] | None]:
+    """(records, start, stop, byte segment) to open: the index's segment around a valid range
+    (an invalid one is left for the native reader's ValueError)."""
+    end = shard.records if stop is None else stop
+    if (
+        index is None
+        or data_format != "msgpack.zstf"
+        or not (type(start) is int and type(end) is int and 0 <= start < end <= shard.records)
+    ):
+        return shard.records, start, stop, None
+    segment, records, first, last = index.segment(start, end)
+    return records, first, last, segment
+
+
+def read_records(
+    data_format: DataManifestDataFormat,
+    shard: ManifestShard,
+    storage_config: StorageConfig | None,
+    start: int,
+    stop: int | None,
+    index: ShardIndex | None,
+    batch_records: int = BATCH_RECORDS,
+) -> Generator[Mapping[str, Any]]:
+    """`iter_shard` of a msgpack.zstf or jsonl.gz shard, decoding ``batch_records`` records at
+    a time (the loader reads many ranges at once with small batches)."""
+    records, start, stop, segment = _segment(data_format, shard, start, stop, index)
     reader = native_storage(storage_config or StorageConfig()).open_shard(
         shard.uri,
         data_format,
         size_bytes=shard.size_bytes,
-        records=shard.records,
+        records=records,
         etag=shard.etag or None,
         start=start,
         stop=stop,
+        segment=segment,
     )
-    while batch := reader.next_batch(BATCH_RECORDS):
+    while batch := reader.next_batch(batch_records):
         yield from batch
 
 
@@ -97,6 +137,7 @@ def iter_shard_batches(
     batch_size: int = BATCH_ROWS,
     start: int = 0,
     stop: int | None = None,
+    index: ShardIndex | None = None,
 ) -> Generator[ArrowRecordBatch]:
     """Yields the records ``[start, stop)`` of ``shard`` as Arrow record batches of at most
     ``batch_size`` rows (fewer once a batch's values take about 16 MiB), in order.
@@ -109,8 +150,8 @@ def iter_shard_batches(
 
     ``columns`` builds only those top-level keys, in that order (a key no record holds is a
     column of nulls); the other values are skipped without being built. ``start``, ``stop``,
-    the size and count checks and the errors are those of `iter_shard`; besides, a value the
-    columns cannot hold (a str in an int column, an int beyond int64) is a RuntimeError
+    ``index``, the size and count checks and the errors are those of `iter_shard`; besides, a
+    value the columns cannot hold (a str in an int column, an int beyond int64) is a RuntimeError
     "Unreadable {format} shard {uri}: column 'name' mixes int and str values".
 
     Like `iter_shard`, nothing is opened before the first batch is asked for, and ``close()``
@@ -134,14 +175,16 @@ def iter_shard_batches(
             stop=stop,
         )
         return
+    records, start, stop, segment = _segment(data_format, shard, start, stop, index)
     yield from native_storage(storage_config or StorageConfig()).open_shard_batches(
         shard.uri,
         data_format,
         size_bytes=shard.size_bytes,
-        records=shard.records,
+        records=records,
         etag=shard.etag or None,
         start=start,
         stop=stop,
         columns=selected,
         batch_size=batch_size,
+        segment=segment,
     )

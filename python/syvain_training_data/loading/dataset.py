@@ -13,17 +13,21 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from syvain_training_data.formats.shard_index import ShardIndex
 from syvain_training_data.loading import plan
 from syvain_training_data.loading import state as checks
 from syvain_training_data.loading.reader import ShardRange, consumer_records
+from syvain_training_data.loading.shard_indexes import ShardIndexes
 from syvain_training_data.loading.stats import PUBLISH_MASK, ConsumerSlots
 from syvain_training_data.manifest import DataManifestDataFormat, ManifestShard
-from syvain_training_data.shard import iter_shard
+from syvain_training_data.shard import BATCH_RECORDS, iter_shard, read_records
 from syvain_training_data.storage import StorageConfig
 
 __all__ = ["ShardDataset", "ShardTable"]
 
 _WORKER_STATE_VERSION = 2
+# Records decoded at a time per block read of a seeded pass (64 blocks at once).
+BLOCK_READ_RECORDS = 64
 
 
 class ShardTable:
@@ -171,8 +175,13 @@ class ShardDataset(IterableDataset[Any]):
         orders = self.selection.orders(epoch)
         mixed = self.selection.mixed(epoch)
         counters = self.counters.consumer(worker, progress["yielded"])
+        indexes = self.new_indexes()
         records = consumer_records(
-            orders, self.stream_shards, mixed, intervals, lambda r: counters.watch(self._open(r))
+            orders,
+            self.stream_shards,
+            mixed,
+            intervals,
+            lambda r: counters.watch(self._open(r, indexes)),
         )
         try:
             for yielded, record in enumerate(records, progress["yielded"] + 1):
@@ -183,11 +192,38 @@ class ShardDataset(IterableDataset[Any]):
         finally:
             counters.yielded(progress["yielded"])
 
-    def _open(self, shard_range: ShardRange) -> Iterator[Any]:
-        index, start, stop = shard_range
-        shard = self.table.shard(index)
-        return iter_shard(
-            self.data_format, shard, storage_config=self.storage_config, start=start, stop=stop
+    def new_indexes(self) -> ShardIndexes | None:
+        """A pass's cache of shard indexes (made in the process that reads), when the
+        selection's shards have them."""
+        return ShardIndexes(self.storage_config) if self.selection.indexed else None
+
+    def range_index(
+        self, shard: ManifestShard, start: int, stop: int, indexes: ShardIndexes | None
+    ) -> ShardIndex | None:
+        """The index to read records [start, stop) of ``shard`` with: only for a range that
+        is not the whole shard (a whole read needs none)."""
+        if indexes is None or (start == 0 and stop == shard.records):
+            return None
+        return indexes.get(shard)
+
+    @property
+    def read_batch(self) -> int:
+        """Records decoded at a time per range read: a seeded worker reads a window's blocks
+        at once, so it holds a window's worth of these."""
+        return BLOCK_READ_RECORDS if self.selection.seed is not None else BATCH_RECORDS
+
+    def _open(self, shard_range: ShardRange, indexes: ShardIndexes | None) -> Iterator[Any]:
+        table_index, start, stop = shard_range
+        shard = self.table.shard(table_index)
+        if self.data_format == "parquet":
+            yield from iter_shard(
+                self.data_format, shard, storage_config=self.storage_config, start=start, stop=stop
+            )
+            return
+        # A generator: the index is fetched by the first read, in the range's prefetch thread.
+        index = self.range_index(shard, start, stop, indexes)
+        yield from read_records(
+            self.data_format, shard, self.storage_config, start, stop, index, self.read_batch
         )
 
     # --- torchdata's per-worker protocol (same topology) ---------------------------------

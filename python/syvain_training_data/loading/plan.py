@@ -1,4 +1,4 @@
-"""The epoch plan (SPEC section 6, v2): which records each consumer reads, as pure functions.
+"""The epoch plan (SPEC section 6): which records each consumer reads, as pure functions.
 
 No I/O and no torch. Everything here follows from the manifest's record counts, the seed, the
 epoch and the topology, so a consumer computes its own part alone and a checkpoint needs only a
@@ -7,8 +7,8 @@ few integers.
 Terms:
 - *stream*: one sample space, the concatenation of its shards' records (the selection, or one
   curriculum stage when stages are mixed).
-- *epoch order* of a stream: with a seed, its shards in a permutation drawn from (seed, epoch),
-  then its records shuffled inside *windows* of ``window`` consecutive records of one shard.
+- *epoch order* of a stream: with a seed, blocks of records permuted across the stream and
+  interleaved ``window`` blocks at a time, drawn from (seed, epoch) (``block_order``).
   Position p of the order names one record; without a seed the order is the manifest's.
 - *mixed order*: several streams merged by a key per record, ``(i + phase_s) / share_s`` for the
   stream's i-th record, so each stream keeps its share of every stretch of the order.
@@ -26,18 +26,19 @@ import hashlib
 import itertools
 import json
 import math
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from syvain_training_data.loading import state as checks
+from syvain_training_data.loading.block_order import DEFAULT_WINDOW_BLOCKS, BlockOrder, seeded
 
 __all__ = [
     "DEFAULT_WINDOW",
     "Interrupt",
     "Level",
     "MixedOrder",
+    "Order",
     "Selection",
     "StreamOrder",
     "TokenInterrupt",
@@ -57,11 +58,8 @@ __all__ = [
     "topology_runs",
 ]
 
-# Records shuffled together when a seed is given and no window is: large enough to mix a few
-# shards of typical size, small enough that one window of decoded records fits any worker.
-DEFAULT_WINDOW = 8192
-# Shards permuted as one group (see StreamOrder).
-SHARD_GROUP = 4096
+# Blocks interleaved together when a seed is given and no window is (see block_order).
+DEFAULT_WINDOW = DEFAULT_WINDOW_BLOCKS
 MIX_STOPS = ("first_exhausted", "all_exhausted")
 
 
@@ -210,9 +208,11 @@ def beyond_bounds(topologies: Sequence[Topology]) -> str | None:
 @dataclass(frozen=True)
 class Selection:
     """What a loader reads and how it orders it: per stream, the record count of each of its
-    shards; mixing weights (None: one stream); the seed and shuffle window; equal batches.
-    ``identity`` names the shards themselves (a digest of their URIs), so a state saved for
-    one selection is refused by another."""
+    shards; mixing weights (None: one stream); the seed and shuffle window (in blocks); equal
+    batches. ``identity`` names the shards themselves (a digest of their URIs), so a state
+    saved for one selection is refused by another. ``blocks``: per stream, the records per
+    block of each shard (None: whole shards); ``indexed``: the shards have record offset
+    indexes to read ranges with (it changes bytes fetched, never the order)."""
 
     streams: tuple[tuple[int, ...], ...]
     weights: tuple[float, ...] | None = None
@@ -221,6 +221,8 @@ class Selection:
     window: int = 0
     equal_batches: bool = False
     identity: str = ""
+    blocks: tuple[tuple[int, ...], ...] | None = None
+    indexed: bool = False
 
     def __post_init__(self) -> None:
         if not self.streams:
@@ -229,16 +231,20 @@ class Selection:
             raise ValueError("One mixing weight per stream")
         if self.mix_stop not in MIX_STOPS:
             raise ValueError(f"mixing_stop must be one of {', '.join(MIX_STOPS)}")
+        if self.blocks is not None and [len(b) for b in self.blocks] != [
+            len(c) for c in self.streams
+        ]:
+            raise ValueError("One block size per shard")
 
     def fingerprint(self) -> str:
         """A short digest of everything that decides the epoch order."""
         digest = hashlib.sha256()
-        for counts in self.streams:
+        for counts in (*self.streams, *(self.blocks or ())):
             digest.update(array.array("q", counts).tobytes())
             digest.update(b"/")
         text = json.dumps(
             [
-                "syvain-loader-plan-v2",
+                "syvain-loader-plan-v3",
                 digest.hexdigest(),
                 None if self.weights is None else [repr(w) for w in self.weights],
                 self.mix_stop,
@@ -251,9 +257,14 @@ class Selection:
         )
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-    def orders(self, epoch: int) -> list[StreamOrder]:
+    def orders(self, epoch: int) -> list[Order]:
+        """Per stream, its epoch order: manifest order without a seed, else blocks permuted
+        and interleaved ``window`` at a time (``block_order``)."""
+        if self.seed is None:
+            return [StreamOrder(counts) for counts in self.streams]
+        blocks = self.blocks or self.streams
         return [
-            StreamOrder(counts, self.seed, epoch, number, self.window)
+            BlockOrder(counts, blocks[number], self.seed, epoch, number, self.window)
             for number, counts in enumerate(self.streams)
         ]
 
@@ -276,79 +287,35 @@ def batch_count(records: int, batch_size: int, drop_last: bool) -> int:
     return records // batch_size if drop_last else -(-records // batch_size)
 
 
-def _seeded(*parts: object) -> random.Random:
-    return random.Random(":".join(map(str, ("syvain-plan", *parts))))
+_seeded = seeded
 
 
 class StreamOrder:
-    """One stream's epoch order: shard permutation, record offsets, window permutations.
+    """One stream's unseeded epoch order: its shards' records in manifest order."""
 
-    Shards are permuted in two levels so that a consumer's part costs time in proportion to
-    the shards it reads, not to the whole manifest: groups of ``SHARD_GROUP`` consecutive
-    shards are permuted, then the shards inside each group (a manifest of up to
-    ``SHARD_GROUP`` shards gets one plain permutation)."""
+    window = 0
 
-    def __init__(
-        self, counts: Sequence[int], seed: int | None, epoch: int, number: int, window: int
-    ) -> None:
+    def __init__(self, counts: Sequence[int]) -> None:
         self.counts = counts
-        self.seed, self.epoch, self.number = seed, epoch, number
-        groups = -(-len(counts) // SHARD_GROUP)
-        # Summed in C, one slice per group: the only pass over every shard.
-        totals = [sum(counts[g * SHARD_GROUP : (g + 1) * SHARD_GROUP]) for g in range(groups)]
-        self.group_order = list(range(groups))
-        if seed is not None:
-            _seeded(seed, epoch, number, "groups").shuffle(self.group_order)
-        self.group_offsets = [0, *itertools.accumulate(totals[g] for g in self.group_order)]
-        self.total = self.group_offsets[-1]
-        self.window = window if seed is not None and window > 1 else 0
-        self._groups: dict[int, tuple[list[int], list[int]]] = {}
-
-    def _group(self, group: int) -> tuple[list[int], list[int]]:
-        """(shard indices of a group in epoch order, their record offsets in the group)."""
-        found = self._groups.get(group)
-        if found is None:
-            shards = list(
-                range(group * SHARD_GROUP, min((group + 1) * SHARD_GROUP, len(self.counts)))
-            )
-            if self.seed is not None:
-                _seeded(self.seed, self.epoch, self.number, "group", group).shuffle(shards)
-            offsets = [0, *itertools.accumulate(self.counts[i] for i in shards)]
-            found = self._groups[group] = (shards, offsets)
-        return found
-
-    def window_span(self, position: int) -> tuple[int, int]:
-        """[first, last) of the window holding ``position``: windows are ``window``
-        consecutive records of one shard (the last of a shard may be shorter), so reading a
-        window never fetches another shard's bytes."""
-        ((shard, offset, _),) = self.segments(position, position + 1)
-        first = position - offset % self.window
-        return first, min(first + self.window, position - offset + self.counts[shard])
-
-    def window_permutation(self, first: int, last: int) -> list[int]:
-        """Position offset inside the window [first, last) -> record offset inside it."""
-        permutation = list(range(last - first))
-        _seeded(self.seed, self.epoch, self.number, "window", first).shuffle(permutation)
-        return permutation
+        self.offsets = array.array("q", [0, *itertools.accumulate(counts)])
+        self.total = self.offsets[-1]
 
     def segments(self, start: int, stop: int) -> list[tuple[int, int, int]]:
-        """The records [start, stop) of the unshuffled concatenation as (shard index in the
-        stream, first record, end record) pieces, in order."""
+        """The records [start, stop) as (shard index in the stream, first record, end record)
+        pieces, in order."""
         pieces = []
-        g = bisect.bisect_right(self.group_offsets, start) - 1
+        k = bisect.bisect_right(self.offsets, start) - 1
         while start < stop:
-            group_start = self.group_offsets[g]
-            shards, offsets = self._group(self.group_order[g])
-            k = bisect.bisect_right(offsets, start - group_start) - 1
-            while start < stop and k < len(shards):
-                shard_start = group_start + offsets[k]
-                end = min(stop, group_start + offsets[k + 1])
-                if end > start:
-                    pieces.append((shards[k], start - shard_start, end - shard_start))
-                start = end
-                k += 1
-            g += 1
+            shard_start = self.offsets[k]
+            end = min(stop, self.offsets[k + 1])
+            if end > start:
+                pieces.append((k, start - shard_start, end - shard_start))
+            start = end
+            k += 1
         return pieces
+
+
+Order = StreamOrder | BlockOrder
 
 
 class MixedOrder:

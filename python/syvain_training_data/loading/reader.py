@@ -2,19 +2,21 @@
 
 Each shard range is read with ``iter_shard(start=, stop=)``, which skips the records before
 ``start`` without decoding them and stops after ``stop``; the next range's first bytes are
-requested while the current one is read. A shuffled stream is read window by window (a window
-is a run of records inside one shard): one window's records are held at a time, then handed
-out in the window's permutation.
+requested while the current one is read. A seeded stream is read window by window: one range
+per block of the window, all requested at once, their records taken in the window's
+interleaving (``block_order``), so a worker holds a window's read buffers, never its records.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from syvain_training_data.loading.plan import MixedOrder, StreamOrder
+from syvain_training_data.loading.block_order import Window, window_counts
+from syvain_training_data.loading.plan import MixedOrder, Order, StreamOrder
 
 __all__ = ["ShardRange", "consumer_records"]
 
@@ -80,73 +82,55 @@ def _merge_ranges(pieces: Iterable[ShardRange]) -> Iterator[ShardRange]:
         yield merged
 
 
-def _windows(
-    order: StreamOrder, positions: Sequence[tuple[int, int]]
-) -> Iterator[tuple[tuple[int, int], list[tuple[int, int]]]]:
-    """Each window the ``positions`` touch, with the positions wanted from it, in order and
-    one at a time: planning costs a window's work as the reader reaches it, never a part's."""
-    span: tuple[int, int] | None = None
-    wanted: list[tuple[int, int]] = []
-    for start, stop in positions:
-        while start < stop:
-            here = order.window_span(start)
-            if here != span:
-                if span is not None:
-                    yield span, wanted
-                span, wanted = here, []
-            end = min(stop, here[1])
-            wanted.append((start, end))
-            start = end
-    if span is not None:
-        yield span, wanted
-
-
-def _window_reads(
-    order: StreamOrder, positions: Sequence[tuple[int, int]]
-) -> Iterator[tuple[int, int]]:
-    """The positions to read for ``positions``: each interval widened to the windows it
-    touches, without reading a window twice (two intervals may share one)."""
-    end = 0
-    for start, stop in positions:
-        if stop <= start:
-            continue
-        first = max(order.window_span(start)[0], end)
-        last = order.window_span(stop - 1)[1]
-        if first < last:
-            yield first, last
-        end = max(end, last)
-
-
 def _stream_records(
-    order: StreamOrder,
+    order: Order,
     shard_ids: Sequence[int],
     positions: Sequence[tuple[int, int]],
     open_range: OpenRange,
 ) -> Iterator[Any]:
     """Records at ``positions`` (ascending [start, stop) intervals) of one stream's order."""
-
-    def table_ranges(start: int, stop: int) -> Iterator[ShardRange]:
-        return ((shard_ids[k], a, b) for k, a, b in order.segments(start, stop))
-
-    if not order.window:
-        pieces = (piece for start, stop in positions for piece in table_ranges(start, stop))
+    if isinstance(order, StreamOrder):
+        pieces = (
+            (shard_ids[k], a, b)
+            for start, stop in positions
+            for k, a, b in order.segments(start, stop)
+        )
         yield from _read_ranges(_merge_ranges(pieces), open_range)
         return
-    # A window's records are read whole, once, as part of one read per shard run.
-    pieces = (piece for span in _window_reads(order, positions) for piece in table_ranges(*span))
-    records = _read_ranges(_merge_ranges(pieces), open_range)
-    windows = _windows(order, positions)
-    for (first, last), wanted in windows:
-        held = [next(records) for _ in range(last - first)]
-        permutation = order.window_permutation(first, last)
-        for start, stop in wanted:
-            for position in range(start - first, stop - first):
-                yield held[permutation[position]]
-        del held
+    for start, stop in positions:
+        for window, low, high in order.windows(start, stop):
+            yield from _window_records(window, low, high, shard_ids, open_range)
+
+
+def _window_records(
+    window: Window, low: int, high: int, shard_ids: Sequence[int], open_range: OpenRange
+) -> Iterator[Any]:
+    """The records at positions [low, high) of ``window``: one range read per block, all
+    requested at once, taken in the window's interleaving."""
+    before = window_counts(window, low)
+    until = window_counts(window, high)
+    reads: list[Iterator[Any] | None] = []
+    for (shard, first, _), a, b in zip(window.blocks, before, until, strict=True):
+        wanted = (shard_ids[shard], first + a, first + b)
+        reads.append(iter(_Prefetch(open_range(wanted))) if b > a else None)
+    if window.labels is None:  # one block, in order
+        if reads[0] is not None:
+            yield from reads[0]
+        return
+    # A read that ran short must raise, not end the interleaving: next() would stop map().
+    checked = [None if read is None else itertools.chain(read, _short()) for read in reads]
+    # map/next in C: no Python frame per record.
+    yield from map(next, map(checked.__getitem__, window.labels[low:high]))  # type: ignore[arg-type]
+
+
+def _short() -> Iterator[Any]:
+    """Raises once a range read ran out before the window took all it planned."""
+    raise RuntimeError("A shard range read ended before its planned records")
+    yield  # a generator
 
 
 def consumer_records(
-    orders: Sequence[StreamOrder],
+    orders: Sequence[Order],
     shard_ids: Sequence[Sequence[int]],
     mixed: MixedOrder | None,
     intervals: Sequence[tuple[int, int]],

@@ -21,10 +21,12 @@ except ModuleNotFoundError as error:  # pragma: no cover - exercised without the
         name=error.name,
     ) from error
 
+from syvain_training_data.formats.shard_index import block_records
 from syvain_training_data.loading import plan
 from syvain_training_data.loading.dataloader import SyvainDataLoader, endless
-from syvain_training_data.loading.dataset import ShardDataset, stream_tables
+from syvain_training_data.loading.dataset import ShardDataset, ShardTable, stream_tables
 from syvain_training_data.loading.selection import select_shards
+from syvain_training_data.loading.shard_indexes import fetch_index
 from syvain_training_data.loading.tensors import ColumnDataLoader, ColumnDataset, TensorCollate
 from syvain_training_data.manifest import DataManifest, ManifestShard
 from syvain_training_data.storage import StorageConfig
@@ -40,6 +42,19 @@ def _check_index(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{what} must be an int, not {type(value).__name__}")
     return value
+
+
+# Blocks a window may interleave (the interleaving names a block in 16 bits).
+MAX_WINDOW_BLOCKS: Final = 1024
+
+
+def _block_sizes(
+    table: ShardTable, stream_shards: Sequence[Sequence[int]]
+) -> tuple[tuple[int, ...], ...]:
+    """Per stream, the records per block of each of its indexed shards."""
+    return tuple(
+        tuple(block_records(table.records[i], table.sizes[i]) for i in ids) for ids in stream_shards
+    )
 
 
 def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -236,9 +251,13 @@ class SplitDataLoader:
             seed = _check_index(seed, "seed")
         window = plan.DEFAULT_WINDOW if shuffle_buffer is None else shuffle_buffer
         window = _check_index(window, "shuffle_buffer")
-        if window < 0:
-            raise ValueError(f"shuffle_buffer must not be negative, got {window}")
+        if not 0 <= window <= MAX_WINDOW_BLOCKS:
+            raise ValueError(
+                f"shuffle_buffer must be in [0, {MAX_WINDOW_BLOCKS}] (blocks read together), "
+                f"got {window}"
+            )
         table, stream_shards, counts = stream_tables(shards, groups)
+        indexed = self._has_indexes(shards)
         selection = plan.Selection(
             streams=counts,
             weights=weights,
@@ -247,6 +266,8 @@ class SplitDataLoader:
             window=window if seed is not None else 0,
             equal_batches=equal_batches,
             identity=table.identity(),
+            blocks=_block_sizes(table, stream_shards) if indexed and seed is not None else None,
+            indexed=indexed,
         )
         args = dict(self.dataloader_args)
         # A worker beyond a rank's records would only idle.
@@ -267,6 +288,15 @@ class SplitDataLoader:
             "world_size": world_size,
         }
         return planned, args
+
+    def _has_indexes(self, shards: Sequence[ManifestShard]) -> bool:
+        """Whether the selection's shards have record offset indexes (msgpack.zstf shards
+        written by this package's saver do): decided once, from the first shard's. Shards of
+        one dataset come from one writer; one without an index is still read, from its
+        start."""
+        if self.manifest.data_format != "msgpack.zstf":
+            return False
+        return fetch_index(shards[0], self.storage_config) is not None
 
     def load(
         self,
@@ -303,9 +333,11 @@ class SplitDataLoader:
             ranks and workers.
           equal_batches: every rank yields the same number of batches; fewer than world_size
             records of the epoch are left out (the last ones of the epoch's order).
-          seed: shuffle, deterministic in (seed, epoch): the shard order is permuted and
-            records are shuffled within windows of ``shuffle_buffer`` consecutive records of
-            one shard (default 8192; 0 or 1: shard order only). A worker holds one window.
+          seed: shuffle, deterministic in (seed, epoch), so that every batch mixes the whole
+            selection: blocks of records (about 1 MiB of an indexed msgpack.zstf shard, else
+            whole shards) are permuted, and the records of ``shuffle_buffer`` consecutive
+            blocks (default 64; 0 or 1: one block at a time) are interleaved at random, each
+            block's records staying in order. A worker reads a window's blocks at once.
           mixing_weights: curriculum mixing instead of the union: a mapping stage -> weight
             (its keys are the stages when ``curriculum_stages`` is not given), or "metadata"
             for each stage's ``weight`` metadata. Each stage keeps its share of every stretch

@@ -51,7 +51,7 @@ class LoaderStats:
         bytes: bytes the consumers' streams received from the store (a full read: the shards'
             ``size_bytes``; file:// parquet shards, read in place by pyarrow, add none).
         shard_opens: shard record ranges opened (one per shard for an unshuffled full read by
-            one consumer; a shuffled read opens one per window).
+            one consumer; a seeded read opens one per block of each window).
         first_record_mean_s, first_record_max_s: seconds from opening a range to its first
             record (request, first bytes, decoding), over the ranges that yielded one.
         retries: transient failures the streams retried, by cause: ``connection`` (refused,

@@ -24,10 +24,11 @@ from syvain_training_data import _native
 from syvain_training_data._native import ShardBatch
 from syvain_training_data.loading.bundles import BUNDLE_BATCHES, Bundle, as_is, bundled, in_turn
 from syvain_training_data.loading.dataloader import SyvainDataLoader
-from syvain_training_data.loading.dataset import ShardDataset
+from syvain_training_data.loading.dataset import BLOCK_READ_RECORDS, ShardDataset
 from syvain_training_data.loading.reader import ShardRange
+from syvain_training_data.loading.shard_indexes import ShardIndexes
 from syvain_training_data.loading.transfer import BatchRing, for_transfer
-from syvain_training_data.shard import iter_shard_batches
+from syvain_training_data.shard import BATCH_ROWS, iter_shard_batches
 
 __all__ = ["ColumnDataLoader", "ColumnDataset", "TensorCollate", "int_lists", "lengths_key"]
 
@@ -101,16 +102,20 @@ class ColumnDataset(ShardDataset):
         self.ring = BatchRing.for_batches(workers, batches_in_flight * tensors, RING_SLOT_BYTES)
         return self.ring
 
-    def _open(self, shard_range: ShardRange) -> Iterator[dict[str, Any]]:
-        index, start, stop = shard_range
-        shard = self.table.shard(index)
+    def _open(
+        self, shard_range: ShardRange, indexes: ShardIndexes | None
+    ) -> Iterator[dict[str, Any]]:
+        table_index, start, stop = shard_range
+        shard = self.table.shard(table_index)
         batches = iter_shard_batches(
             self.data_format,
             shard,
             columns=self.columns,
             storage_config=self.storage_config,
+            batch_size=BATCH_ROWS if self.selection.seed is None else BLOCK_READ_RECORDS,
             start=start,
             stop=stop,
+            index=self.range_index(shard, start, stop, indexes),
         )
         for batch in batches:
             yield from _batch_records(batch, self.columns)

@@ -36,12 +36,13 @@ from syvain_training_data.loading.bundles import (
     in_turn,
 )
 from syvain_training_data.loading.dataloader import STATE_VERSION, EpochLoader
-from syvain_training_data.loading.dataset import ShardDataset
+from syvain_training_data.loading.dataset import BLOCK_READ_RECORDS, ShardDataset
 from syvain_training_data.loading.reader import ShardRange, consumer_records
+from syvain_training_data.loading.shard_indexes import ShardIndexes
 from syvain_training_data.loading.stats import PUBLISH_MASK
 from syvain_training_data.loading.tensors import int_lists
 from syvain_training_data.loading.transfer import BatchRing, tensor_for_transfer
-from syvain_training_data.shard import iter_shard_batches
+from syvain_training_data.shard import BATCH_ROWS, iter_shard_batches
 
 __all__ = ["TokenDataLoader", "TokenDataset", "TokenPacker", "merge_token_states"]
 
@@ -195,12 +196,17 @@ class TokenDataset(ShardDataset):
         part = layout[self.rank][worker]
         counters = self.counters.consumer(worker)
         orders, mixed = self.selection.orders(epoch), self.selection.mixed(epoch)
-        # In plain order (no shuffle window, no mixing) a decoded batch's records are the next
+        # In plain order (no seed, no mixing) a decoded batch's records are the next
         # records of the part: they reach the packer as one run, with no Python per record.
-        in_runs = mixed is None and not orders[0].window
+        in_runs = mixed is None and self.selection.seed is None
         open_range = self._open if in_runs else self._open_records
+        indexes = self.new_indexes()
         runs = consumer_records(
-            orders, self.stream_shards, mixed, part, lambda r: counters.watch(open_range(r))
+            orders,
+            self.stream_shards,
+            mixed,
+            part,
+            lambda r: counters.watch(open_range(r, indexes)),
         )
         cut_at = _cuts_by_index(part, cuts)
         cut_indices = sorted(cut_at)
@@ -231,19 +237,23 @@ class TokenDataset(ShardDataset):
         finally:
             counters.yielded(index)  # records read (a cut one counts once)
 
-    def _open(self, shard_range: ShardRange) -> Iterator[tuple[torch.Tensor, list[int]]]:
+    def _open(
+        self, shard_range: ShardRange, indexes: ShardIndexes | None
+    ) -> Iterator[tuple[torch.Tensor, list[int]]]:
         """The token column of a shard range's decoded batches, each as one run: (int64
         values, the offsets of its records in them), sliced from the columnar batches with no
         Python object per token."""
-        index, start, stop = shard_range
-        shard = self.table.shard(index)
+        table_index, start, stop = shard_range
+        shard = self.table.shard(table_index)
         batches = iter_shard_batches(
             self.data_format,
             shard,
             columns=[self.column],
             storage_config=self.storage_config,
+            batch_size=BATCH_ROWS if self.selection.seed is None else BLOCK_READ_RECORDS,
             start=start,
             stop=stop,
+            index=self.range_index(shard, start, stop, indexes),
         )
         for batch in batches:
             offsets, values = self._int_lists(batch, shard.uri)
@@ -251,10 +261,12 @@ class TokenDataset(ShardDataset):
             if len(bounds) > 1:
                 yield values, bounds
 
-    def _open_records(self, shard_range: ShardRange) -> Iterator[tuple[torch.Tensor, list[int]]]:
-        """A shard range's records one by one, each a run of one (shuffle windows and mixing
-        reorder records)."""
-        for values, bounds in self._open(shard_range):
+    def _open_records(
+        self, shard_range: ShardRange, indexes: ShardIndexes | None
+    ) -> Iterator[tuple[torch.Tensor, list[int]]]:
+        """A shard range's records one by one, each a run of one (the seeded interleaving and
+        mixing reorder records)."""
+        for values, bounds in self._open(shard_range, indexes):
             for i in range(len(bounds) - 1):
                 yield values, bounds[i : i + 2]
 

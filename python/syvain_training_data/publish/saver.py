@@ -56,6 +56,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
 from syvain_training_data.errors import PublicationConflictError
+from syvain_training_data.formats.shard_index import INDEX_SUFFIX, FrameOffsets
 from syvain_training_data.manifest import (
     DATA_FORMATS,
     DataManifest,
@@ -81,7 +82,7 @@ from syvain_training_data.publish.layout import (
     manifest_key,
 )
 from syvain_training_data.publish.spool import Spool, encode_native, encode_parquet, limits
-from syvain_training_data.publish.upload import stream_sha256, upload_spool
+from syvain_training_data.publish.upload import create_or_match, stream_sha256, upload_spool
 from syvain_training_data.storage import (
     StorageConfig,
     get_object,
@@ -215,8 +216,9 @@ class DatasetSaver:
         if isinstance(first, _Unset):
             raise ValueError("Cannot save an empty record shard")
         spool = Spool(limits().spill_bytes)
+        frames = FrameOffsets() if self.data_format == "msgpack.zstf" else None
         try:
-            count = self._encode(itertools.chain((first,), iterator), spool, shard_id)
+            count = self._encode(itertools.chain((first,), iterator), spool, shard_id, frames)
             shard = self._upload(uri, spool, count, deterministic=shard_id is not None)
             descriptor = descriptor_bytes(
                 shard=shard,
@@ -228,6 +230,9 @@ class DatasetSaver:
             )
         finally:
             spool.close()
+        if frames is not None:  # before the descriptor: a completed shard has its index
+            index = frames.index(shard.size_bytes).to_bytes()
+            create_or_match(uri + INDEX_SUFFIX, index, "Shard index", self.storage_config)
         if shard_id is not None:
             self._create_descriptor(uri + DESCRIPTOR_SUFFIX, descriptor)
         else:
@@ -242,7 +247,11 @@ class DatasetSaver:
         return shard
 
     def _encode(
-        self, records: Iterator[Mapping[str, Any]], spool: Spool, shard_id: str | None
+        self,
+        records: Iterator[Mapping[str, Any]],
+        spool: Spool,
+        shard_id: str | None,
+        frames: FrameOffsets | None,
     ) -> int:
         limit = limits().deterministic_single_put_bytes
         single_put = shard_id is not None and self.data_format in SINGLE_PUT_FORMATS
@@ -260,7 +269,7 @@ class DatasetSaver:
             count = encode_parquet(records, spool)
             check(spool.size)
         else:
-            count = encode_native(self.data_format, records, spool, check)
+            count = encode_native(self.data_format, records, spool, check, frames)
         spool.seal()
         return count
 
@@ -275,20 +284,7 @@ class DatasetSaver:
         )
 
     def _create_descriptor(self, uri: str, data: bytes) -> None:
-        try:
-            put_object(
-                uri,
-                data,
-                storage_config=self.storage_config,
-                content_type="application/json",
-                create_only=True,
-            )
-        except FileExistsError:
-            existing = get_object(uri, storage_config=self.storage_config)
-            if existing != data:
-                raise PublicationConflictError(
-                    f"Completion descriptor {uri} already exists with different bytes"
-                ) from None
+        create_or_match(uri, data, "Completion descriptor", self.storage_config)
 
     # -- recovery ----------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Final
 
 from syvain_training_data import _native
+from syvain_training_data.formats.shard_index import FrameOffsets
 
 __all__ = ["Limits", "Spool", "encode_native", "encode_parquet", "limits", "size_limits"]
 
@@ -129,14 +130,22 @@ def encode_native(
     records: Iterator[Mapping[str, Any]],
     spool: Spool,
     check: Callable[[int], None],
+    frames: FrameOffsets | None = None,
 ) -> int:
     """Encodes msgpack.zstf or jsonl.gz records into ``spool``, calling ``check`` with the size
-    so far after each batch; returns the record count."""
+    so far after each batch; returns the record count. ``frames`` (msgpack.zstf) notes the
+    byte offset of every record, for the shard's index."""
     encoder = _native.ShardEncoder(data_format)
     while batch := list(itertools.islice(records, _BATCH_RECORDS)):
-        spool.write(encoder.encode(batch))
+        chunk = encoder.encode(batch)
+        if frames is not None:
+            frames.add(chunk, spool.size)
+        spool.write(chunk)
         check(spool.size)
-    spool.write(encoder.finish())
+    chunk = encoder.finish()
+    if frames is not None:
+        frames.add(chunk, spool.size)
+    spool.write(chunk)
     check(spool.size)
     return int(encoder.records)
 

@@ -10,6 +10,7 @@ from typing import Final
 
 from syvain_training_data import _native
 from syvain_training_data.errors import ObjectDataError, PublicationConflictError, ShardDataError
+from syvain_training_data.formats.shard_index import INDEX_SUFFIX, FrameOffsets
 from syvain_training_data.manifest import DataManifestDataFormat, ManifestShard
 from syvain_training_data.publish.spool import Spool, limits
 from syvain_training_data.storage import (
@@ -19,10 +20,17 @@ from syvain_training_data.storage import (
     head_object,
     native_storage,
     open_stream,
+    put_object,
 )
 from syvain_training_data.uris import portable_etag
 
-__all__ = ["OBJECT_ATTRIBUTES", "copy_shard", "stream_sha256", "upload_spool"]
+__all__ = [
+    "OBJECT_ATTRIBUTES",
+    "copy_shard",
+    "create_or_match",
+    "stream_sha256",
+    "upload_spool",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -188,6 +196,10 @@ def copy_shard(
             if created:
                 _delete_quietly(destination_uri, config)
             raise
+        if data_format == "msgpack.zstf" and spool.path is not None:
+            # The copy's own index, from the verified bytes (the source's is not trusted).
+            index = FrameOffsets.of_file(spool.path).index(size)
+            create_or_match(destination_uri + INDEX_SUFFIX, index.to_bytes(), "Shard index", config)
     finally:
         spool.close()
     return ManifestShard(
@@ -196,6 +208,24 @@ def copy_shard(
         size_bytes=size,
         etag=portable_etag(destination_uri, etag),
     )
+
+
+def create_or_match(uri: str, data: bytes, what: str, storage_config: StorageConfig) -> None:
+    """Creates ``uri`` with ``data`` (create-only, JSON), or finds it already holding exactly
+    ``data``; other bytes are a PublicationConflictError naming ``what``."""
+    try:
+        put_object(
+            uri,
+            data,
+            storage_config=storage_config,
+            content_type="application/json",
+            create_only=True,
+        )
+    except FileExistsError:
+        if get_object(uri, storage_config=storage_config) != data:
+            raise PublicationConflictError(
+                f"{what} {uri} already exists with different bytes"
+            ) from None
 
 
 def _check_descriptor_digest(

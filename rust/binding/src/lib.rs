@@ -10,6 +10,7 @@ mod counters;
 mod credentials;
 mod download;
 mod error;
+mod interleave;
 mod object_stream;
 mod policy;
 mod rows;
@@ -32,5 +33,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     rows::register(m)?;
     upload::register(m)?;
     download::register(m)?;
+    interleave::register(m)?;
     Ok(())
 }

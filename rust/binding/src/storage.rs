@@ -12,7 +12,8 @@ use pyo3::types::PyBytes;
 use syvain_core::codec::columnar::{column_selection, BatchOptions};
 use syvain_core::codec::{RecordRange, ShardFormat};
 use syvain_core::credentials::AwsCredentialProvider;
-use syvain_core::storage::Storage;
+use syvain_core::error::NativeError;
+use syvain_core::storage::{check_segment, Storage};
 use syvain_core::store::StoreConfig;
 use syvain_core::upload::{self, WriteOptions};
 
@@ -127,7 +128,11 @@ impl NativeStorage {
     /// Decodes a msgpack.zstf or jsonl.gz shard straight from a resumable stream, off the GIL:
     /// the records `[start, stop)` (`stop` defaults to `records`; earlier ones are skipped
     /// without being decoded).
-    #[pyo3(signature = (uri, data_format, *, size_bytes, records, etag=None, start=0, stop=None))]
+    ///
+    /// `segment=(byte_start, byte_end)`: only those bytes of the object (which must still have
+    /// `size_bytes` bytes) are requested, and read as a whole shard of `records` records and
+    /// `byte_end - byte_start` bytes; `start`/`stop` count records inside the segment.
+    #[pyo3(signature = (uri, data_format, *, size_bytes, records, etag=None, start=0, stop=None, segment=None))]
     #[allow(clippy::too_many_arguments)]
     fn open_shard(
         &self,
@@ -139,24 +144,27 @@ impl NativeStorage {
         etag: Option<String>,
         start: i64,
         stop: Option<i64>,
+        segment: Option<(i64, i64)>,
     ) -> BindingResult<ShardReader> {
         let range = RecordRange::new(records, start, stop)?;
         let format = ShardFormat::of_shard(uri, data_format)?;
-        let source = (self.storage).shard_source(uri, size_bytes, etag, format.name())?;
+        let segment = byte_segment(uri, size_bytes, segment)?;
+        let source =
+            (self.storage).shard_segment_source(uri, size_bytes, etag, format.name(), segment)?;
         Ok(ShardReader::open(
             py,
             format,
             uri.to_string(),
             source,
-            size_bytes,
+            segment_len(size_bytes, segment),
             range,
         )?)
     }
 
     /// Builds Arrow record batches of up to `batch_size` records of a msgpack.zstf or jsonl.gz
     /// shard straight from a resumable stream, off the GIL (`columns`: only those top-level
-    /// keys, in that order).
-    #[pyo3(signature = (uri, data_format, *, size_bytes, records, etag=None, start=0, stop=None, columns=None, batch_size))]
+    /// keys, in that order). `segment` as for `open_shard`.
+    #[pyo3(signature = (uri, data_format, *, size_bytes, records, etag=None, start=0, stop=None, columns=None, batch_size, segment=None))]
     #[allow(clippy::too_many_arguments)]
     fn open_shard_batches(
         &self,
@@ -169,17 +177,26 @@ impl NativeStorage {
         stop: Option<i64>,
         columns: Option<Vec<String>>,
         batch_size: usize,
+        segment: Option<(i64, i64)>,
     ) -> BindingResult<ShardBatchReader> {
         let range = RecordRange::new(records, start, stop)?;
         let format = ShardFormat::of_shard(uri, data_format)?;
+        let segment = byte_segment(uri, size_bytes, segment)?;
         let options = BatchOptions {
             columns: column_selection(columns)?,
             batch_rows: batch_size,
         };
-        let source = (self.storage).shard_source(uri, size_bytes, etag, format.name())?;
+        let source =
+            (self.storage).shard_segment_source(uri, size_bytes, etag, format.name(), segment)?;
+        let decoded_size = segment_len(size_bytes, segment);
         let uri = uri.to_string();
         Ok(ShardBatchReader::open(
-            format, uri, source, size_bytes, range, options,
+            format,
+            uri,
+            source,
+            decoded_size,
+            range,
+            options,
         )?)
     }
 
@@ -195,4 +212,29 @@ impl NativeStorage {
         let reader = (self.storage).stream(uri, size_bytes, etag, start, None)?;
         Ok(ObjectStream::new(reader))
     }
+}
+
+/// The `segment` argument, checked: `0 <= byte_start < byte_end <= size_bytes`.
+fn byte_segment(
+    uri: &str,
+    size_bytes: u64,
+    segment: Option<(i64, i64)>,
+) -> BindingResult<Option<(u64, u64)>> {
+    let Some((byte_start, byte_end)) = segment else {
+        return Ok(None);
+    };
+    let (Ok(start), Ok(end)) = (u64::try_from(byte_start), u64::try_from(byte_end)) else {
+        return Err(NativeError::Config(format!(
+            "Invalid segment ({byte_start}, {byte_end}) of shard {uri} of {size_bytes} bytes; \
+             expected 0 <= byte_start < byte_end <= {size_bytes}"
+        ))
+        .into());
+    };
+    check_segment(uri, size_bytes, Some((start, end)))?;
+    Ok(Some((start, end)))
+}
+
+/// The bytes the decoder reads as its shard: the segment's, or the whole object's.
+fn segment_len(size_bytes: u64, segment: Option<(u64, u64)>) -> u64 {
+    segment.map_or(size_bytes, |(start, end)| end - start)
 }

@@ -8,7 +8,7 @@
 //! failure of the first read is left to the stream, which retries it under the budget.
 
 use std::fs::File;
-use std::io::{ErrorKind, Read};
+use std::io::{ErrorKind, Read, Seek, SeekFrom};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -23,7 +23,8 @@ use crate::stream::{StoreFactory, StreamReader, StreamRequest, FIRST_FILE_READ};
 /// The bytes of a local shard, as its decoder pulls them.
 pub struct LocalShardSource {
     path: PathBuf,
-    /// The whole read (`start` 0); the stream takes it over after the first piece.
+    /// The whole read (`[start, end)`: all of the file, or a segment of it); the stream takes
+    /// it over after the first piece.
     request: StreamRequest,
     factory: StoreFactory,
     /// The first piece was read (or left to the stream).
@@ -71,9 +72,10 @@ impl LocalShardSource {
         }
     }
 
-    /// Opens the file, checks that it has the declared size, and reads its first piece.
+    /// Opens the file, checks that it has the declared size, and reads the first piece of
+    /// `[start, end)`.
     fn first_piece(&self) -> Result<Bytes, StoreFailure> {
-        let file = File::open(&self.path).map_err(|e| self.io_failure(&e))?;
+        let mut file = File::open(&self.path).map_err(|e| self.io_failure(&e))?;
         let meta = file.metadata().map_err(|e| self.io_failure(&e))?;
         if meta.is_dir() {
             return Err(StoreFailure::Fatal(NativeError::NotFound {
@@ -87,7 +89,12 @@ impl LocalShardSource {
                 meta.len()
             ))));
         }
-        let want = size.min(FIRST_FILE_READ as u64);
+        let (start, end) = (self.request.start, self.request.end);
+        let want = (end - start).min(FIRST_FILE_READ as u64);
+        if start > 0 {
+            file.seek(SeekFrom::Start(start))
+                .map_err(|e| self.io_failure(&e))?;
+        }
         // Read into spare capacity: no zeroing of a buffer about to be filled.
         let mut piece = Vec::with_capacity(want as usize);
         file.take(want)
@@ -116,7 +123,7 @@ impl ByteSource for LocalShardSource {
         if let Some(rest) = self.rest.as_mut() {
             return rest.next_chunk();
         }
-        if self.started || self.request.size == 0 {
+        if self.started || self.request.start >= self.request.end {
             return Ok(None);
         }
         self.started = true;
@@ -125,17 +132,17 @@ impl ByteSource for LocalShardSource {
             Err(StoreFailure::Fatal(error)) => return Err(error),
             // The stream retries it, from the start.
             Err(StoreFailure::Transient(_)) => {
-                self.continue_from(0)?;
+                self.continue_from(self.request.start)?;
                 return self.next_chunk();
             }
         };
         if let Some(counters) = &self.counters {
             counters.bytes_received(piece.len());
         }
-        let read = piece.len() as u64;
+        let read_to = self.request.start + piece.len() as u64;
         // A short first read (the file shrank after its size check) is the stream's to find.
-        if read < self.request.size {
-            self.continue_from(read)?;
+        if read_to < self.request.end {
+            self.continue_from(read_to)?;
         }
         if piece.is_empty() {
             return self.next_chunk();

@@ -92,6 +92,20 @@ impl Storage {
         start: u64,
         format: Option<&'static str>,
     ) -> NativeResult<StreamReader> {
+        self.stream_range(uri, size, etag, start, size, format)
+    }
+
+    /// Opens a resumable stream over `[start, end)` of an immutable object of `size` bytes
+    /// (the object must still have exactly `size` bytes; only `[start, end)` is requested).
+    pub fn stream_range(
+        &self,
+        uri: &str,
+        size: u64,
+        etag: Option<String>,
+        start: u64,
+        end: u64,
+        format: Option<&'static str>,
+    ) -> NativeResult<StreamReader> {
         let location = Location::parse(uri, false)?;
         let etag = match &location {
             // A local file's etag (inode, mtime) changes with every copy or restore of the same
@@ -107,12 +121,19 @@ impl Storage {
                 "{uri}: start offset {start} is past the size {size}"
             )));
         }
+        if end < start || end > size {
+            return Err(NativeError::Config(format!(
+                "{uri}: invalid byte range [{start}, {end}) of an object of {size} bytes; \
+                 expected start <= end <= {size}"
+            )));
+        }
         let request = StreamRequest {
             uri: uri.to_string(),
             path: location.object_path(),
             size,
             etag: etag.filter(|e| !e.is_empty()),
             start,
+            end,
             format,
             policy: policy::current(),
         };
@@ -129,9 +150,33 @@ impl Storage {
         etag: Option<String>,
         format: &'static str,
     ) -> NativeResult<Box<dyn ByteSource>> {
+        self.shard_segment_source(uri, size, etag, format, None)
+    }
+
+    /// The bytes `[byte_start, byte_end)` of a shard of `size` bytes (all of it when `segment`
+    /// is `None`), for a decoder that reads them as a whole shard: the object must still
+    /// have exactly `size` bytes, but only the segment is requested (SPEC section 4's checks
+    /// apply to the segment: no more and no fewer bytes than `byte_end - byte_start`).
+    pub fn shard_segment_source(
+        &self,
+        uri: &str,
+        size: u64,
+        etag: Option<String>,
+        format: &'static str,
+        segment: Option<(u64, u64)>,
+    ) -> NativeResult<Box<dyn ByteSource>> {
+        let (start, end) = segment.unwrap_or((0, size));
+        check_segment(uri, size, segment)?;
         let location = Location::parse(uri, false)?;
         let Location::File { path } = &location else {
-            return Ok(Box::new(self.stream(uri, size, etag, 0, Some(format))?));
+            return Ok(Box::new(self.stream_range(
+                uri,
+                size,
+                etag,
+                start,
+                end,
+                Some(format),
+            )?));
         };
         let path = std::path::PathBuf::from(path);
         refuse_special_file(&path, true)?;
@@ -141,7 +186,8 @@ impl Storage {
             size,
             // A local file's etag is not enforced (SPEC section 4).
             etag: None,
-            start: 0,
+            start,
+            end,
             format: Some(format),
             policy: policy::current(),
         };
@@ -269,5 +315,16 @@ impl Storage {
         })?;
         listed.sort();
         Ok(listed)
+    }
+}
+
+/// A shard segment `(byte_start, byte_end)` must hold `0 <= byte_start < byte_end <= size`.
+pub fn check_segment(uri: &str, size: u64, segment: Option<(u64, u64)>) -> NativeResult<()> {
+    match segment {
+        Some((start, end)) if !(start < end && end <= size) => Err(NativeError::Config(format!(
+            "Invalid segment ({start}, {end}) of shard {uri} of {size} bytes; expected \
+             0 <= byte_start < byte_end <= {size}"
+        ))),
+        _ => Ok(()),
     }
 }

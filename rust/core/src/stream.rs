@@ -45,9 +45,13 @@ pub type StoreFactory = Arc<dyn Fn() -> NativeResult<Arc<dyn ObjectStore>> + Sen
 pub struct StreamRequest {
     pub uri: String,
     pub path: Path,
+    /// The whole object's size: the store's answer and a local file's length must match it.
     pub size: u64,
     pub etag: Option<String>,
+    /// Where the read starts and stops (`end` is `size` for a whole-object read; less for a
+    /// segment of it): only `[start, end)` is requested, and exactly those bytes must arrive.
     pub start: u64,
+    pub end: u64,
     /// When set, data errors are reported as "Unreadable {format} shard {uri}: ...".
     pub format: Option<&'static str>,
     pub policy: Policy,
@@ -71,6 +75,8 @@ pub enum Received {
 pub struct StreamReader {
     uri: String,
     size: u64,
+    /// Where the read stops (`size` unless a segment was asked for).
+    end: u64,
     position: u64,
     finished: bool,
     receiver: mpsc::Receiver<NativeResult<Bytes>>,
@@ -102,7 +108,12 @@ impl StreamReader {
         let (sender, receiver) = mpsc::channel(CHANNEL_SLOTS);
         let readahead = Arc::new(Semaphore::new(READAHEAD_BYTES));
         let shared = Arc::new(Shared::default());
-        let (uri, size, position) = (request.uri.clone(), request.size, request.start);
+        let (uri, size, end, position) = (
+            request.uri.clone(),
+            request.size,
+            request.end,
+            request.start,
+        );
         let producer = Producer {
             request,
             factory,
@@ -115,6 +126,7 @@ impl StreamReader {
         Ok(StreamReader {
             uri,
             size,
+            end,
             position,
             finished: false,
             receiver,
@@ -170,14 +182,15 @@ impl StreamReader {
             Err(_) => Ok(Received::Pending),
             Ok(None) => {
                 self.finished = true;
-                if self.position == self.size {
+                if self.position == self.end {
                     Ok(Received::End)
                 } else {
                     Err(NativeError::Storage {
                         uri: self.uri.clone(),
                         detail: format!(
-                            "stream stopped at offset {} of {} bytes",
-                            self.position, self.size
+                            "stream stopped at offset {} of {}",
+                            self.position,
+                            extent(self.size, self.end)
                         ),
                     })
                 }
@@ -279,6 +292,15 @@ fn body_stream(response: GetResult) -> BoxStream<'static, object_store::Result<B
     }
 }
 
+/// "N bytes" for a whole-object read, "the segment ending at offset E of N bytes" otherwise.
+fn extent(size: u64, end: u64) -> String {
+    if end == size {
+        format!("{size} bytes")
+    } else {
+        format!("the segment ending at offset {end} of {size} bytes")
+    }
+}
+
 fn permits_for(len: usize) -> usize {
     len.min(READAHEAD_BYTES)
 }
@@ -340,7 +362,7 @@ impl Producer {
         let mut budget = Budget::new(self.request.policy);
         let mut store = None;
         loop {
-            if offset >= self.request.size {
+            if offset >= self.request.end {
                 return;
             }
             let result = match store.clone() {
@@ -373,7 +395,10 @@ impl Producer {
                         let error = NativeError::RetryExhausted {
                             operation: "GET",
                             uri: self.request.uri.clone(),
-                            position: format!(" at offset {offset} of {} bytes", self.request.size),
+                            position: format!(
+                                " at offset {offset} of {}",
+                                extent(self.request.size, self.request.end)
+                            ),
                             attempts: budget.failed_attempts(),
                             elapsed_s: budget.elapsed().as_secs_f64(),
                             last_error: first_line(&detail).to_string(),
@@ -451,7 +476,7 @@ impl Producer {
         let request = &self.request;
         let policy = &request.policy;
         let options = GetOptions {
-            range: Some(GetRange::Bounded(*offset..request.size)),
+            range: Some(GetRange::Bounded(*offset..request.end)),
             if_match: etag.clone(),
             ..Default::default()
         };
@@ -524,13 +549,16 @@ impl Producer {
                 }
                 Some(Ok(chunk)) => chunk,
             };
-            if *offset + (held.len() + chunk.len()) as u64 > request.size {
-                return Err(self
-                    .data_error(format!(
-                        "received more bytes than size_bytes ({})",
-                        request.size
-                    ))
-                    .into());
+            if *offset + (held.len() + chunk.len()) as u64 > request.end {
+                let reason = if request.end == request.size {
+                    format!("received more bytes than size_bytes ({})", request.size)
+                } else {
+                    format!(
+                        "received more bytes than the segment ending at offset {}",
+                        request.end
+                    )
+                };
+                return Err(self.data_error(reason).into());
             }
             budget.progress();
             received_here = true;
@@ -549,12 +577,12 @@ impl Producer {
         if !self.hand_over(&mut held, offset).await {
             return Ok(Attempt::ConsumerGone);
         }
-        if *offset < request.size {
+        if *offset < request.end {
             return Err(AttemptFailure::transient(
                 RetryCause::EndedEarly,
                 format!(
-                    "response body ended early at offset {offset} of {} bytes",
-                    request.size
+                    "response body ended early at offset {offset} of {}",
+                    extent(request.size, request.end)
                 ),
             ));
         }

@@ -1,0 +1,174 @@
+"""Seeded loading (SPEC section 6, v3) against unseeded, on the same bytes in one run (issue 25).
+
+1. **Speed**: 16 msgpack.zstf shards of text records (the records of `benchmarks/loader.py`),
+   from the local directory store and from SeaweedFS, at 0 and 2 workers (fork): records/s
+   unseeded and seeded (best of --repeat epochs), and their ratio.
+2. **Bytes and requests**: per epoch, the bytes the consumers' streams received
+   (`loader.stats().bytes`, index reads included) over the shards' bytes, and the range reads
+   (`shard_opens`) per GB, at 1, 4 and 16 consumers (ranks of 1 worker), unseeded and seeded.
+3. **Memory**: a local dataset of 10,000 shards (x 40 records of 2 KB), loaded seeded with 2
+   workers: each worker's peak resident memory (VmHWM) and the main process's, beside the same
+   unseeded.
+
+Run: .venv/bin/python benchmarks/shuffle.py [--records-per-shard 8000] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from seaweed import start_seaweed  # noqa: E402
+from syvain_training_data import SyvainTrainingData  # noqa: E402
+
+WORDS = [f"w{i}" for i in range(2000)] + ["the", "of", "and", "data", "model", "training"]
+SHARDS, BATCH = 16, 32
+
+
+def collate(records: list[Any]) -> list[Any]:
+    return records
+
+
+def text_records(count: int, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    return [
+        {"id": f"doc-{seed}-{i:07d}", "text": " ".join(rng.choice(WORDS) for _ in range(220))}
+        for i in range(count)
+    ]
+
+
+def publish(client: SyvainTrainingData, uri: str, shards: list[list[dict[str, Any]]]) -> int:
+    saver = client.dataset_saver(uri, data_format="msgpack.zstf")
+    for index, records in enumerate(shards):
+        saver.save("train", None, records, shard_id=f"{index:05d}")
+    manifest = saver.commit_manifest()
+    return sum(shard.size_bytes for shard in manifest.splits["train"].shards)
+
+
+def rate(
+    client: SyvainTrainingData, uri: str, workers: int, seed: int | None, repeat: int
+) -> float:
+    args: dict[str, Any] = {"batch_size": BATCH, "num_workers": workers}
+    if workers:
+        args |= {"multiprocessing_context": "fork", "persistent_workers": True}
+    loader = client.split_data_loader(uri, collate, args).load("train", seed=seed)
+    best = 0.0
+    for _ in range(repeat):
+        start = time.perf_counter()
+        records = sum(len(batch) for batch in loader)
+        best = max(best, records / (time.perf_counter() - start))
+    return best
+
+
+def fetched(
+    client: SyvainTrainingData, uri: str, consumers: int, seed: int | None
+) -> tuple[int, int]:
+    """(bytes received, range reads) for one epoch read by ``consumers`` ranks."""
+    received = opens = 0
+    for rank in range(consumers):
+        loader = client.split_data_loader(uri, collate, {"batch_size": BATCH}).load(
+            "train", rank=rank, world_size=consumers, seed=seed
+        )
+        for _ in loader:
+            pass
+        stats = loader.stats()
+        received += stats.bytes
+        opens += stats.shard_opens
+    return received, opens
+
+
+def peak_kib(pid: int | str = "self") -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+class PeakCollate:
+    """Collates as a list; each worker remembers its own peak as it goes."""
+
+    def __call__(self, records: list[Any]) -> Any:
+        return os.getpid(), peak_kib(), len(records)
+
+
+def memory(root: str, seed: int | None) -> dict[str, Any]:
+    client = SyvainTrainingData()
+    uri = f"file://{root}/many/data-manifest.json"
+    if not Path(root, "many", "data-manifest.json").exists():
+        saver = client.dataset_saver(uri, data_format="msgpack.zstf")
+        payload = "x" * 2000
+        for index in range(10_000):
+            rows = ({"i": i, "text": payload} for i in range(40))
+            saver.save("train", None, rows, shard_id=f"{index:05d}")
+        saver.commit_manifest()
+    args = {"batch_size": BATCH, "num_workers": 2, "multiprocessing_context": "fork"}
+    loader = client.split_data_loader(uri, PeakCollate(), args).load("train", seed=seed)
+    peaks: dict[int, int] = {}
+    records = 0
+    for pid, peak, count in loader:
+        peaks[pid] = max(peaks.get(pid, 0), peak)
+        records += count
+    return {
+        "case": "memory, 10,000 shards x 40 records, 2 workers",
+        "seed": seed,
+        "records": records,
+        "worker_peak_mib": [round(p / 1024, 1) for p in sorted(peaks.values())],
+        "main_peak_mib": round(peak_kib() / 1024, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records-per-shard", type=int, default=8000)
+    parser.add_argument("--repeat", type=int, default=3)
+    options = parser.parse_args()
+    shards = [text_records(options.records_per_shard, seed) for seed in range(SHARDS)]
+    with tempfile.TemporaryDirectory() as root, start_seaweed(buckets=("bench",)) as server:
+        s3 = SyvainTrainingData(
+            s3_base_url=server.endpoint,
+            region=server.region,
+            access_key_id=server.access_key_id,
+            secret_access_key=server.secret_access_key,
+        )
+        stores = (
+            ("local", SyvainTrainingData(), f"file://{root}/data/data-manifest.json"),
+            ("seaweedfs", s3, "s3://bench/data/data-manifest.json"),
+        )
+        for store, client, uri in stores:
+            size = publish(client, uri, shards)
+            for workers in (0, 2):
+                plain = rate(client, uri, workers, None, options.repeat)
+                seeded = rate(client, uri, workers, 0, options.repeat)
+                line = {
+                    "case": f"speed, {store}, {workers} workers",
+                    "unseeded_records_per_s": round(plain),
+                    "seeded_records_per_s": round(seeded),
+                    "seeded_over_unseeded": round(seeded / plain, 3),
+                }
+                print(json.dumps(line), flush=True)
+            for consumers in (1, 4, 16):
+                for seed in (None, 0):
+                    received, opens = fetched(client, uri, consumers, seed)
+                    line = {
+                        "case": f"bytes, {store}, {consumers} consumers",
+                        "seed": seed,
+                        "dataset_mb": round(size / 1e6, 1),
+                        "fetched_over_shard_bytes": round(received / size, 4),
+                        "range_reads_per_gb": round(opens / (size / 1e9)),
+                    }
+                    print(json.dumps(line), flush=True)
+        for seed in (None, 0):
+            print(json.dumps(memory(root, seed)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

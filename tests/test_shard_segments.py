@@ -1,0 +1,254 @@
+"""Shard segments (`open_shard(..., segment=(byte_start, byte_end))`): a byte range of a shard
+read as if it were a whole shard (block random access), on the local directory store and on
+SeaweedFS; and `interleave`, the seeded order of labelled blocks."""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from syvain_training_data import _native, storage
+from syvain_training_data._native import StreamCounters
+from syvain_training_data.storage import StorageConfig, native_storage
+
+ZSTF = "msgpack.zstf"
+COUNT = 300
+
+
+def encode(data_format: str, records: Iterable[Mapping[str, Any]]) -> bytes:
+    encoder = _native.ShardEncoder(data_format)
+    return encoder.encode(list(records)) + encoder.finish()
+
+
+def records(count: int = COUNT) -> list[dict[str, Any]]:
+    return [
+        {"i": i, "text": f"record {i} " * (i % 9), "list": list(range(i % 7))} for i in range(count)
+    ]
+
+
+def record_offsets(data: bytes) -> list[int]:
+    """The byte offset of every record of a msgpack.zstf shard (8-byte big-endian length L,
+    then L bytes), and the shard's size last."""
+    offsets, position = [], 0
+    while position < len(data):
+        offsets.append(position)
+        (length,) = struct.unpack_from(">Q", data, position)
+        position += 8 + length
+    assert position == len(data)
+    return [*offsets, position]
+
+
+@pytest.fixture(params=["s3", "file"])
+def store(request, tmp_path) -> tuple[str, StorageConfig]:
+    if request.param == "s3":
+        seaweed = request.getfixturevalue("seaweed")
+        bucket = request.getfixturevalue("s3_bucket")
+        prefix = request.getfixturevalue("unique_prefix")
+        config = StorageConfig.create(
+            s3_base_url=seaweed.endpoint,
+            region=seaweed.region,
+            access_key_id=seaweed.access_key_id,
+            secret_access_key=seaweed.secret_access_key,
+        )
+        return f"s3://{bucket}/{prefix}", config
+    return f"file://{tmp_path}", StorageConfig()
+
+
+@pytest.fixture
+def zstf_shard(store) -> tuple[str, StorageConfig, bytes, list[int], int]:
+    """(uri, config, data, record offsets and then the size, size) of a published shard."""
+    root, config = store
+    data = encode(ZSTF, records())
+    uri = f"{root}/part.{ZSTF}"
+    info = storage.put_object(uri, data, storage_config=config)
+    assert info.size == len(data)
+    return uri, config, data, record_offsets(data), info.size
+
+
+def read_segment(
+    uri: str,
+    config: StorageConfig,
+    size: int,
+    segment: tuple[int, int],
+    declared: int,
+    start: int = 0,
+    stop: int | None = None,
+    data_format: str = ZSTF,
+) -> list[dict[str, Any]]:
+    reader = native_storage(config).open_shard(
+        uri,
+        data_format,
+        size_bytes=size,
+        records=declared,
+        start=start,
+        stop=stop,
+        segment=segment,
+    )
+    out: list[dict[str, Any]] = []
+    while batch := reader.next_batch(1024):
+        out.extend(batch)
+    assert reader.records_yielded == len(out)
+    return out
+
+
+# (first record, end record) of a segment: the start, the middle, the end, one record, all.
+SEGMENTS = [(0, 50), (37, 121), (250, COUNT), (99, 100), (0, COUNT)]
+
+
+@pytest.mark.parametrize(("first", "end"), SEGMENTS)
+def test_a_segment_yields_exactly_its_records(zstf_shard, first, end):
+    uri, config, _data, offsets, size = zstf_shard
+    expected = records()[first:end]
+    segment = (offsets[first], offsets[end])
+    counters = StreamCounters()
+    with counters:
+        got = read_segment(uri, config, size, segment, end - first)
+    assert got == expected
+    assert counters.streams == 1
+    # Only the segment's bytes were received (read to its end: exactly those).
+    assert counters.bytes == offsets[end] - offsets[first]
+
+
+def test_record_ranges_inside_a_segment(zstf_shard):
+    uri, config, _data, offsets, size = zstf_shard
+    first, end = 40, 140
+    expected = records()[first:end]
+    segment = (offsets[first], offsets[end])
+    for start, stop in ((0, 10), (10, 60), (99, 100), (50, None), (100, None), (5, 5)):
+        got = read_segment(uri, config, size, segment, end - first, start, stop)
+        assert got == expected[start:stop], (start, stop)
+    counters = StreamCounters()
+    with counters:
+        assert read_segment(uri, config, size, segment, end - first, 0, 3) == expected[:3]
+    assert 0 < counters.bytes <= offsets[end] - offsets[first]
+
+
+def test_segment_batches(zstf_shard):
+    uri, config, _data, offsets, size = zstf_shard
+    first, end = 10, 210
+    reader = native_storage(config).open_shard_batches(
+        uri,
+        ZSTF,
+        size_bytes=size,
+        records=end - first,
+        start=5,
+        stop=150,
+        columns=["i"],
+        batch_size=64,
+        segment=(offsets[first], offsets[end]),
+    )
+    table = pa.Table.from_batches([pa.record_batch(batch) for batch in reader])
+    assert table.column("i").to_pylist() == list(range(first + 5, first + 150))
+
+
+def test_a_segment_not_on_a_frame_boundary_is_unreadable(zstf_shard):
+    uri, config, _data, offsets, size = zstf_shard
+    for segment in ((offsets[3] + 1, offsets[10]), (offsets[3], offsets[10] - 1)):
+        with pytest.raises(RuntimeError, match=f"Unreadable {ZSTF} shard {re.escape(uri)}"):
+            read_segment(uri, config, size, segment, 7)
+
+
+def test_a_segment_with_the_wrong_record_count(zstf_shard):
+    uri, config, _data, offsets, size = zstf_shard
+    segment = (offsets[20], offsets[30])
+    with pytest.raises(
+        RuntimeError, match=f"shard {re.escape(uri)}: declared 11 records but yielded 10"
+    ):
+        read_segment(uri, config, size, segment, 11)
+    with pytest.raises(
+        RuntimeError, match=f"shard {re.escape(uri)}: declared 9 records but found more"
+    ):
+        read_segment(uri, config, size, segment, 9)
+    # A partial range that ends before the segment's end is not checked against the count.
+    assert read_segment(uri, config, size, segment, 11, 0, 5) == records()[20:25]
+
+
+def test_the_object_size_is_still_checked(zstf_shard):
+    uri, config, _data, offsets, size = zstf_shard
+    segment = (offsets[20], offsets[30])
+    with pytest.raises(RuntimeError, match=f"shard {re.escape(uri)}: size mismatch"):
+        read_segment(uri, config, size + 1, segment, 10)
+
+
+@pytest.mark.parametrize(
+    "segment",
+    [(10, 10), (20, 10), (-1, 10), (0, "size+1"), ("size", "size+1"), (-5, -1)],
+)
+def test_a_bad_segment_is_a_value_error(zstf_shard, segment):
+    uri, config, _data, _offsets, size = zstf_shard
+    bounds = {"size": size, "size+1": size + 1}
+    byte_start, byte_end = (bounds.get(bound, bound) for bound in segment)
+    with pytest.raises(ValueError, match=f"Invalid segment .* of shard {re.escape(uri)}"):
+        native_storage(config).open_shard(
+            uri, ZSTF, size_bytes=size, records=1, segment=(byte_start, byte_end)
+        )
+    with pytest.raises(ValueError, match="Invalid segment"):
+        native_storage(config).open_shard_batches(
+            uri, ZSTF, size_bytes=size, records=1, batch_size=8, segment=(byte_start, byte_end)
+        )
+
+
+def test_a_jsonl_gz_segment_of_whole_gzip_members(store):
+    root, config = store
+    expected = records(60)
+    first, second = encode("jsonl.gz", expected[:25]), encode("jsonl.gz", expected[25:])
+    uri = f"{root}/part.jsonl.gz"
+    size = storage.put_object(uri, first + second, storage_config=config).size
+    assert size == len(first) + len(second)
+    segment = (len(first), size)
+    got = read_segment(uri, config, size, segment, 35, data_format="jsonl.gz")
+    assert got == expected[25:]
+    got = read_segment(uri, config, size, (0, len(first)), 25, 3, 9, data_format="jsonl.gz")
+    assert got == expected[3:9]
+
+
+# interleave: a seeded order of labelled blocks.
+
+
+def labels(counts: list[int], seed: int) -> list[int]:
+    out = _native.interleave(counts, seed)
+    assert isinstance(out, bytes) and len(out) == 2 * sum(counts)
+    return [label for (label,) in struct.iter_unpack("<H", out)]
+
+
+def test_interleave_keeps_the_counts_and_is_pinned():
+    counts = [5, 0, 17, 1, 300, 2]
+    order = labels(counts, 1)
+    assert Counter(order) == {k: c for k, c in enumerate(counts) if c}
+    assert labels(counts, 1) == order
+    assert labels(counts, 2) != order
+    assert labels(list(range(10)), 3) != labels(list(range(10)), 4)
+    # The same order forever (checkpoints store an epoch by its seed): pinned values.
+    assert labels([2, 1, 3], 7) == [2, 2, 0, 2, 0, 1]
+    assert labels([3, 2, 4, 1], 12345) == [0, 2, 1, 2, 2, 1, 2, 0, 3, 0]
+    assert _native.interleave([], 0) == b""
+    assert _native.interleave((0, 0), 5) == b""
+    assert labels([0, 3], 2**64 - 1) == [1, 1, 1]
+    # 65536 labels fit in u16.
+    wide = labels([1] * 65536, 9)
+    assert sorted(wide) == list(range(65536)) and wide != list(range(65536))
+
+
+def test_interleave_is_uniform_enough():
+    # Each of the 3 positions of [0, 0, 1] holds the 1 about a third of the time.
+    seen = Counter(labels([2, 1], seed).index(1) for seed in range(3000))
+    assert all(800 < seen[position] < 1200 for position in range(3)), seen
+
+
+def test_interleave_refuses_bad_counts():
+    with pytest.raises(ValueError, match="counts must be >= 0"):
+        _native.interleave([3, -1], 0)
+    with pytest.raises(ValueError, match="at most 65536"):
+        _native.interleave([0] * 65537, 0)
+    with pytest.raises(ValueError, match="2\\*\\*28"):
+        _native.interleave([2**27, 2**27, 1], 0)
+    with pytest.raises(ValueError, match="2\\*\\*28"):
+        _native.interleave([2**62, 2**62], 0)
+    with pytest.raises((OverflowError, TypeError)):
+        _native.interleave([1], -1)
