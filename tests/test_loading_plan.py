@@ -391,3 +391,21 @@ def test_a_seeded_consumer_plans_its_windows_as_it_reads():
             first = [next(records) for _ in range(8192 + 1)]
         assert len(set(first)) == len(first)
         records.close()
+
+
+def test_unseeded_states_of_earlier_releases_still_load_and_seeded_ones_do_not():
+    """The unseeded order did not change with the seeded block order (v3), so its fingerprint
+    is the one earlier releases saved (values computed by the release before v3); a seeded
+    state names another order and is refused."""
+    mixed = plan.Selection(
+        streams=((5, 9, 3), (4,)), weights=(1.0, 2.0), equal_batches=True, identity="abc"
+    )
+    assert mixed.fingerprint() == "ec59a1e13d0fa877"
+    assert plan.Selection(streams=((5, 9, 3),), identity="abc").fingerprint() == "96168aa59c567146"
+    seeded = plan.Selection(streams=((5, 9, 3),), seed=1, window=64, identity="abc")
+    assert (
+        seeded.fingerprint()
+        != plan.Selection(
+            streams=((5, 9, 3),), seed=1, window=64, identity="abc", blocks=((5, 3, 3),)
+        ).fingerprint()
+    )

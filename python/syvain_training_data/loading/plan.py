@@ -242,9 +242,11 @@ class Selection:
         for counts in (*self.streams, *(self.blocks or ())):
             digest.update(array.array("q", counts).tobytes())
             digest.update(b"/")
+        # v3 is the seeded block order; an unseeded order is v2's, so its states still load.
+        version = "syvain-loader-plan-v2" if self.seed is None else "syvain-loader-plan-v3"
         text = json.dumps(
             [
-                "syvain-loader-plan-v3",
+                version,
                 digest.hexdigest(),
                 None if self.weights is None else [repr(w) for w in self.weights],
                 self.mix_stop,

@@ -28,8 +28,11 @@ use crate::policy::{Budget, Policy};
 use crate::runtime::runtime;
 use crate::source::ByteSource;
 
-/// The most bytes the background task holds ahead of the consumer.
+/// The most bytes the background task holds ahead of the consumer (the default, and the
+/// largest bound a read may ask for).
 pub const READAHEAD_BYTES: usize = 8 * 1024 * 1024;
+/// The smallest readahead bound a read may ask for (a local file's first piece fits in it).
+pub const MIN_READAHEAD_BYTES: usize = 64 * 1024;
 const CHANNEL_SLOTS: usize = 64;
 /// Back-to-back chunks are merged up to this size before they are handed over.
 pub const COALESCE_BYTES: usize = 1024 * 1024;
@@ -55,6 +58,30 @@ pub struct StreamRequest {
     /// When set, data errors are reported as "Unreadable {format} shard {uri}: ...".
     pub format: Option<&'static str>,
     pub policy: Policy,
+    /// The most bytes held ahead of the consumer (`READAHEAD_BYTES` unless the read asks for
+    /// less; see [`readahead_bound`]). No chunk handed over is larger, so the bound holds for
+    /// bytes, not just permits.
+    pub readahead: usize,
+}
+
+/// The readahead bound of a read: `READAHEAD_BYTES` when none is asked for, else the one asked
+/// for, which must lie in `MIN_READAHEAD_BYTES..=READAHEAD_BYTES`.
+pub fn readahead_bound(requested: Option<u64>) -> NativeResult<usize> {
+    match requested {
+        None => Ok(READAHEAD_BYTES),
+        Some(bytes) if (MIN_READAHEAD_BYTES as u64..=READAHEAD_BYTES as u64).contains(&bytes) => {
+            Ok(bytes as usize)
+        }
+        Some(bytes) => Err(invalid_readahead(bytes)),
+    }
+}
+
+/// The error for a readahead bound out of range (`value` as the caller gave it).
+pub fn invalid_readahead(value: impl std::fmt::Display) -> NativeError {
+    NativeError::Config(format!(
+        "Invalid readahead_bytes {value}; expected {MIN_READAHEAD_BYTES} (64 KiB) <= \
+         readahead_bytes <= {READAHEAD_BYTES} (8 MiB)"
+    ))
 }
 
 /// State shared between the task and the consumer.
@@ -81,6 +108,8 @@ pub struct StreamReader {
     finished: bool,
     receiver: mpsc::Receiver<NativeResult<Bytes>>,
     readahead: Arc<Semaphore>,
+    /// The readahead bound: the semaphore's permits when nothing is buffered.
+    bound: usize,
     shared: Arc<Shared>,
     task: JoinHandle<()>,
     /// The counters entered when the stream was opened, if any.
@@ -100,13 +129,18 @@ impl StreamReader {
     /// Continues, from `request.start`, a read that another source started and counted as an
     /// open: its bytes and retries add to `counters`.
     pub fn continue_counted(
-        request: StreamRequest,
+        mut request: StreamRequest,
         factory: StoreFactory,
         counters: Option<Arc<Counters>>,
     ) -> NativeResult<StreamReader> {
         let runtime = runtime()?;
         let (sender, receiver) = mpsc::channel(CHANNEL_SLOTS);
-        let readahead = Arc::new(Semaphore::new(READAHEAD_BYTES));
+        // Checked by `readahead_bound` where a caller asks for one; kept in range here too.
+        let bound = request
+            .readahead
+            .clamp(MIN_READAHEAD_BYTES, READAHEAD_BYTES);
+        request.readahead = bound;
+        let readahead = Arc::new(Semaphore::new(bound));
         let shared = Arc::new(Shared::default());
         let (uri, size, end, position) = (
             request.uri.clone(),
@@ -131,6 +165,7 @@ impl StreamReader {
             finished: false,
             receiver,
             readahead,
+            bound,
             shared,
             task,
             counters,
@@ -149,9 +184,14 @@ impl StreamReader {
         self.position
     }
 
-    /// Bytes downloaded ahead of the consumer and not yet taken (at most `READAHEAD_BYTES`).
+    /// Bytes downloaded ahead of the consumer and not yet taken (at most the readahead bound).
     pub fn buffered_bytes(&self) -> usize {
-        READAHEAD_BYTES - self.readahead.available_permits()
+        self.bound.saturating_sub(self.readahead.available_permits())
+    }
+
+    /// The most bytes this stream holds ahead of its consumer.
+    pub fn readahead_bytes(&self) -> usize {
+        self.bound
     }
 
     /// Transient failures that were retried so far.
@@ -200,7 +240,8 @@ impl StreamReader {
                 Err(error)
             }
             Ok(Some(Ok(chunk))) => {
-                self.readahead.add_permits(permits_for(chunk.len()));
+                self.readahead
+                    .add_permits(permits_for(chunk.len(), self.bound));
                 self.position += chunk.len() as u64;
                 if let Some(counters) = &self.counters {
                     counters.bytes_received(chunk.len());
@@ -234,9 +275,12 @@ impl Drop for StreamReader {
     }
 }
 
-/// Local files are read off the runtime in pieces of 64 KiB growing to 1 MiB (object_store's own
-/// stream reads 8 KiB).
-fn body_stream(response: GetResult) -> BoxStream<'static, object_store::Result<Bytes>> {
+/// Local files are read off the runtime in pieces of 64 KiB growing to `largest` (1 MiB, or the
+/// readahead bound if less; object_store's own stream reads 8 KiB).
+fn body_stream(
+    response: GetResult,
+    largest: usize,
+) -> BoxStream<'static, object_store::Result<Bytes>> {
     match response.payload {
         GetResultPayload::File(file, _) => {
             let range = response.range;
@@ -282,7 +326,7 @@ fn body_stream(response: GetResult) -> BoxStream<'static, object_store::Result<B
                         return Ok(None);
                     }
                     let next = position + buffer.len() as u64;
-                    let piece = (piece * 4).min(COALESCE_BYTES);
+                    let piece = (piece * 4).min(largest);
                     Ok(Some((Bytes::from(buffer), (Some(file), next, end, piece))))
                 }
             })
@@ -301,8 +345,10 @@ fn extent(size: u64, end: u64) -> String {
     }
 }
 
-fn permits_for(len: usize) -> usize {
-    len.min(READAHEAD_BYTES)
+/// The permits a chunk takes: its length, but never more than the whole bound, so that any
+/// chunk can pass once the consumer has taken everything before it (no deadlock).
+fn permits_for(len: usize, bound: usize) -> usize {
+    len.min(bound)
 }
 
 /// The background task's state.
@@ -453,12 +499,22 @@ impl Producer {
         self.hand_over_chunk(held.split().freeze(), offset).await
     }
 
-    async fn hand_over_chunk(&self, chunk: Bytes, offset: &mut u64) -> bool {
-        let Ok(permit) = self
-            .readahead
-            .acquire_many(permits_for(chunk.len()) as u32)
-            .await
-        else {
+    /// Sends a chunk to the consumer in pieces of at most the readahead bound (zero-copy), so
+    /// that the bound holds for the bytes buffered, not just for the permits.
+    async fn hand_over_chunk(&self, mut chunk: Bytes, offset: &mut u64) -> bool {
+        let bound = self.request.readahead;
+        while chunk.len() > bound {
+            let piece = chunk.split_to(bound);
+            if !self.send_within_bound(piece, offset).await {
+                return false;
+            }
+        }
+        self.send_within_bound(chunk, offset).await
+    }
+
+    async fn send_within_bound(&self, chunk: Bytes, offset: &mut u64) -> bool {
+        let permits = permits_for(chunk.len(), self.request.readahead);
+        let Ok(permit) = self.readahead.acquire_many(permits as u32).await else {
             return false;
         };
         permit.forget();
@@ -505,7 +561,9 @@ impl Producer {
         if etag.is_none() {
             etag.clone_from(&response.meta.e_tag);
         }
-        let mut body = body_stream(response);
+        // Neither a local file's piece nor a merged chunk grows past the readahead bound.
+        let largest = COALESCE_BYTES.min(request.readahead);
+        let mut body = body_stream(response, largest);
         // Chunks that arrive back to back are merged (local files come in 8 KiB pieces);
         // whatever is held is handed over before waiting on the network.
         let mut held = BytesMut::new();
@@ -570,7 +628,7 @@ impl Producer {
                 continue;
             }
             held.extend_from_slice(&chunk);
-            if held.len() >= COALESCE_BYTES && !self.hand_over(&mut held, offset).await {
+            if held.len() >= largest && !self.hand_over(&mut held, offset).await {
                 return Ok(Attempt::ConsumerGone);
             }
         }
