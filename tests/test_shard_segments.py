@@ -4,10 +4,13 @@ SeaweedFS; and `interleave`, the seeded order of labelled blocks."""
 
 from __future__ import annotations
 
+import os
+import random
 import re
 import struct
+import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -206,6 +209,142 @@ def test_a_jsonl_gz_segment_of_whole_gzip_members(store):
     assert got == expected[25:]
     got = read_segment(uri, config, size, (0, len(first)), 25, 3, 9, data_format="jsonl.gz")
     assert got == expected[3:9]
+
+
+# readahead_bytes: how far a read may run ahead of its consumer.
+
+KIB, MIB = 1024, 1024 * 1024
+BOUND = 256 * KIB
+# ~20 MB of incompressible records, small enough that the decoder's own batches (1, 4, 16, 64
+# records ahead of the caller) stay far below the bounds checked here.
+BIG_RECORDS = 10_000
+BIG_RECORD_BYTES = 2_000
+
+
+def big_records() -> list[dict[str, Any]]:
+    return [
+        {"i": i, "blob": random.Random(i).randbytes(BIG_RECORD_BYTES)} for i in range(BIG_RECORDS)
+    ]
+
+
+@pytest.fixture
+def big_shard(store) -> tuple[str, StorageConfig, int]:
+    """(uri, config, size) of a published msgpack.zstf shard of about 20 MB."""
+    root, config = store
+    data = encode(ZSTF, big_records())
+    assert len(data) > 20_000_000
+    uri = f"{root}/big.{ZSTF}"
+    assert storage.put_object(uri, data, storage_config=config).size == len(data)
+    return uri, config, len(data)
+
+
+def read_chars() -> int:
+    """Bytes this process has read with read(2) and friends: a local stream's reads show here,
+    whether handed to the consumer yet or only buffered ahead of it."""
+    with open("/proc/self/io") as io:
+        return next(int(line.split()[1]) for line in io if line.startswith("rchar:"))
+
+
+def wait_until(condition: Callable[[], bool], seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs /proc/self/io")
+@pytest.mark.parametrize("store", ["file"], indirect=True)
+def test_readahead_bounds_a_local_shard_read(big_shard):
+    # StreamCounters count the bytes handed to the decoder, not those buffered ahead of it, so
+    # the bytes read from the file are what shows the readahead.
+    uri, config, size = big_shard
+    client = native_storage(config)
+
+    def read_one(**readahead: int) -> tuple[Any, int]:
+        before = read_chars()
+        reader = client.open_shard(uri, ZSTF, size_bytes=size, records=BIG_RECORDS, **readahead)
+        assert [record["i"] for record in reader.next_batch(1)] == [0]
+        return reader, before
+
+    bounded, before = read_one(readahead_bytes=BOUND)
+    time.sleep(0.5)
+    # Decoder batches (~170 KB) + the bound + one piece in hand: nowhere near 2 MiB.
+    assert read_chars() - before < 2 * MIB
+    del bounded
+    default, before = read_one()
+    assert wait_until(lambda: read_chars() - before > 4 * MIB)
+    del default
+
+
+def test_readahead_bounds_a_stream(big_shard):
+    uri, config, size = big_shard
+    client = native_storage(config)
+    with client.open_stream(uri, size, readahead_bytes=BOUND) as stream:
+        first = stream.read_chunk()
+        assert first is not None and len(first) <= BOUND
+        time.sleep(0.5)
+        buffered = stream.buffered_bytes
+        assert buffered is not None and 0 < buffered <= BOUND
+        got = [first, *stream]
+    assert all(len(chunk) <= BOUND for chunk in got)
+    assert sum(len(chunk) for chunk in got) == size
+    with client.open_stream(uri, size) as stream:
+        assert stream.read_chunk()
+        assert wait_until(lambda: (stream.buffered_bytes or 0) > 4 * MIB)
+
+
+def test_a_bounded_shard_read_yields_every_record(big_shard):
+    # Chunks larger than the bound (a local file's pieces, an S3 body's) pass in pieces.
+    uri, config, size = big_shard
+    client = native_storage(config)
+    expected = big_records()
+    counters = StreamCounters()
+    with counters:
+        reader = client.open_shard(
+            uri, ZSTF, size_bytes=size, records=BIG_RECORDS, readahead_bytes=64 * KIB
+        )
+        got: list[dict[str, Any]] = []
+        while batch := reader.next_batch(1000):
+            got.extend(batch)
+    assert got == expected
+    assert (counters.streams, counters.bytes) == (1, size)
+    batches = client.open_shard_batches(
+        uri,
+        ZSTF,
+        size_bytes=size,
+        records=BIG_RECORDS,
+        columns=["i"],
+        batch_size=4096,
+        readahead_bytes=BOUND,
+    )
+    table = pa.Table.from_batches([pa.record_batch(batch) for batch in batches])
+    assert table.column("i").to_pylist() == list(range(BIG_RECORDS))
+
+
+@pytest.mark.parametrize("readahead_bytes", [1000, 2**40, 0, -1, 64 * KIB - 1, 8 * MIB + 1])
+def test_a_readahead_out_of_range_is_a_value_error(zstf_shard, readahead_bytes):
+    uri, config, _data, _offsets, size = zstf_shard
+    client = native_storage(config)
+    message = f"Invalid readahead_bytes {readahead_bytes}; expected 65536"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        client.open_shard(
+            uri, ZSTF, size_bytes=size, records=COUNT, readahead_bytes=readahead_bytes
+        )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        client.open_shard_batches(
+            uri, ZSTF, size_bytes=size, records=COUNT, batch_size=8, readahead_bytes=readahead_bytes
+        )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        client.open_stream(uri, size, readahead_bytes=readahead_bytes)
+    # The ends of the range are allowed.
+    for bound in (64 * KIB, 8 * MIB):
+        reader = client.open_shard(uri, ZSTF, size_bytes=size, records=COUNT, readahead_bytes=bound)
+        got: list[dict[str, Any]] = []
+        while batch := reader.next_batch(COUNT):
+            got.extend(batch)
+        assert got == records()
 
 
 # interleave: a seeded order of labelled blocks.

@@ -36,7 +36,13 @@ class NativeStorage:
     def delete(self, uri: str) -> None: ...
     def list(self, prefix_uri: str) -> list[tuple[str, int, str]]: ...
     def open_stream(
-        self, uri: str, size_bytes: int, *, etag: str | None = None, start: int = 0
+        self,
+        uri: str,
+        size_bytes: int,
+        *,
+        etag: str | None = None,
+        start: int = 0,
+        readahead_bytes: int | None = None,  # 64 KiB..=8 MiB ahead of the reader; None: 8 MiB
     ) -> ObjectStream: ...
     def open_shard(
         self,
@@ -49,6 +55,7 @@ class NativeStorage:
         start: int = 0,
         stop: int | None = None,
         segment: tuple[int, int] | None = None,  # (byte_start, byte_end), read as a shard
+        readahead_bytes: int | None = None,  # 64 KiB..=8 MiB ahead of the decoder; None: 8 MiB
     ) -> ShardReader: ...
     def open_shard_batches(
         self,
@@ -63,6 +70,7 @@ class NativeStorage:
         columns: builtins.list[str] | None = None,
         batch_size: int,
         segment: tuple[int, int] | None = None,
+        readahead_bytes: int | None = None,  # as for open_shard
     ) -> ShardBatchReader: ...
 
 @final

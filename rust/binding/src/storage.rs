@@ -15,6 +15,7 @@ use syvain_core::credentials::AwsCredentialProvider;
 use syvain_core::error::NativeError;
 use syvain_core::storage::{check_segment, Storage};
 use syvain_core::store::StoreConfig;
+use syvain_core::stream::invalid_readahead;
 use syvain_core::upload::{self, WriteOptions};
 
 use crate::caller::PythonCaller;
@@ -132,7 +133,10 @@ impl NativeStorage {
     /// `segment=(byte_start, byte_end)`: only those bytes of the object (which must still have
     /// `size_bytes` bytes) are requested, and read as a whole shard of `records` records and
     /// `byte_end - byte_start` bytes; `start`/`stop` count records inside the segment.
-    #[pyo3(signature = (uri, data_format, *, size_bytes, records, etag=None, start=0, stop=None, segment=None))]
+    ///
+    /// `readahead_bytes`: the most bytes the read downloads ahead of its decoder (8 MiB when
+    /// `None`; ValueError outside 64 KiB..=8 MiB).
+    #[pyo3(signature = (uri, data_format, *, size_bytes, records, etag=None, start=0, stop=None, segment=None, readahead_bytes=None))]
     #[allow(clippy::too_many_arguments)]
     fn open_shard(
         &self,
@@ -145,12 +149,20 @@ impl NativeStorage {
         start: i64,
         stop: Option<i64>,
         segment: Option<(i64, i64)>,
+        readahead_bytes: Option<i64>,
     ) -> BindingResult<ShardReader> {
         let range = RecordRange::new(records, start, stop)?;
         let format = ShardFormat::of_shard(uri, data_format)?;
         let segment = byte_segment(uri, size_bytes, segment)?;
-        let source =
-            (self.storage).shard_segment_source(uri, size_bytes, etag, format.name(), segment)?;
+        let readahead = readahead(readahead_bytes)?;
+        let source = (self.storage).shard_segment_source(
+            uri,
+            size_bytes,
+            etag,
+            format.name(),
+            segment,
+            readahead,
+        )?;
         Ok(ShardReader::open(
             py,
             format,
@@ -163,8 +175,8 @@ impl NativeStorage {
 
     /// Builds Arrow record batches of up to `batch_size` records of a msgpack.zstf or jsonl.gz
     /// shard straight from a resumable stream, off the GIL (`columns`: only those top-level
-    /// keys, in that order). `segment` as for `open_shard`.
-    #[pyo3(signature = (uri, data_format, *, size_bytes, records, etag=None, start=0, stop=None, columns=None, batch_size, segment=None))]
+    /// keys, in that order). `segment` and `readahead_bytes` as for `open_shard`.
+    #[pyo3(signature = (uri, data_format, *, size_bytes, records, etag=None, start=0, stop=None, columns=None, batch_size, segment=None, readahead_bytes=None))]
     #[allow(clippy::too_many_arguments)]
     fn open_shard_batches(
         &self,
@@ -178,16 +190,24 @@ impl NativeStorage {
         columns: Option<Vec<String>>,
         batch_size: usize,
         segment: Option<(i64, i64)>,
+        readahead_bytes: Option<i64>,
     ) -> BindingResult<ShardBatchReader> {
         let range = RecordRange::new(records, start, stop)?;
         let format = ShardFormat::of_shard(uri, data_format)?;
         let segment = byte_segment(uri, size_bytes, segment)?;
+        let readahead = readahead(readahead_bytes)?;
         let options = BatchOptions {
             columns: column_selection(columns)?,
             batch_rows: batch_size,
         };
-        let source =
-            (self.storage).shard_segment_source(uri, size_bytes, etag, format.name(), segment)?;
+        let source = (self.storage).shard_segment_source(
+            uri,
+            size_bytes,
+            etag,
+            format.name(),
+            segment,
+            readahead,
+        )?;
         let decoded_size = segment_len(size_bytes, segment);
         let uri = uri.to_string();
         Ok(ShardBatchReader::open(
@@ -200,16 +220,20 @@ impl NativeStorage {
         )?)
     }
 
-    /// A resumable stream over an immutable object of known size.
-    #[pyo3(signature = (uri, size_bytes, *, etag=None, start=0))]
+    /// A resumable stream over an immutable object of known size; `readahead_bytes` as for
+    /// `open_shard`.
+    #[pyo3(signature = (uri, size_bytes, *, etag=None, start=0, readahead_bytes=None))]
     fn open_stream(
         &self,
         uri: &str,
         size_bytes: u64,
         etag: Option<String>,
         start: u64,
+        readahead_bytes: Option<i64>,
     ) -> BindingResult<ObjectStream> {
-        let reader = (self.storage).stream(uri, size_bytes, etag, start, None)?;
+        let readahead = readahead(readahead_bytes)?;
+        let reader = (self.storage)
+            .stream_range(uri, size_bytes, etag, start, size_bytes, None, readahead)?;
         Ok(ObjectStream::new(reader))
     }
 }
@@ -232,6 +256,17 @@ fn byte_segment(
     };
     check_segment(uri, size_bytes, Some((start, end)))?;
     Ok(Some((start, end)))
+}
+
+/// The `readahead_bytes` argument: a negative one is refused here, the range in the core.
+fn readahead(readahead_bytes: Option<i64>) -> BindingResult<Option<u64>> {
+    match readahead_bytes {
+        None => Ok(None),
+        Some(bytes) => match u64::try_from(bytes) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(_) => Err(invalid_readahead(bytes).into()),
+        },
+    }
 }
 
 /// The bytes the decoder reads as its shard: the segment's, or the whole object's.

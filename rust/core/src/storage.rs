@@ -17,7 +17,7 @@ use crate::process_bound::ProcessBound;
 use crate::runtime::fork_guard;
 use crate::source::ByteSource;
 use crate::store::{build_store, endpoint_for, Location, StoreConfig};
-use crate::stream::{StoreFactory, StreamReader, StreamRequest};
+use crate::stream::{readahead_bound, StoreFactory, StreamReader, StreamRequest};
 
 /// Stores built in this process, by bucket. A forked child builds its own and leaks the
 /// parent's (their pools may hold locks taken by the parent's threads: see [`ProcessBound`]).
@@ -92,11 +92,14 @@ impl Storage {
         start: u64,
         format: Option<&'static str>,
     ) -> NativeResult<StreamReader> {
-        self.stream_range(uri, size, etag, start, size, format)
+        self.stream_range(uri, size, etag, start, size, format, None)
     }
 
     /// Opens a resumable stream over `[start, end)` of an immutable object of `size` bytes
     /// (the object must still have exactly `size` bytes; only `[start, end)` is requested).
+    /// `readahead`: the most bytes it holds ahead of its consumer (`READAHEAD_BYTES` when
+    /// `None`; a Config error outside `MIN_READAHEAD_BYTES..=READAHEAD_BYTES`).
+    #[allow(clippy::too_many_arguments)]
     pub fn stream_range(
         &self,
         uri: &str,
@@ -105,7 +108,9 @@ impl Storage {
         start: u64,
         end: u64,
         format: Option<&'static str>,
+        readahead: Option<u64>,
     ) -> NativeResult<StreamReader> {
+        let readahead = readahead_bound(readahead)?;
         let location = Location::parse(uri, false)?;
         let etag = match &location {
             // A local file's etag (inode, mtime) changes with every copy or restore of the same
@@ -136,6 +141,7 @@ impl Storage {
             end,
             format,
             policy: policy::current(),
+            readahead,
         };
         StreamReader::open(request, self.factory(&location)?)
     }
@@ -150,13 +156,15 @@ impl Storage {
         etag: Option<String>,
         format: &'static str,
     ) -> NativeResult<Box<dyn ByteSource>> {
-        self.shard_segment_source(uri, size, etag, format, None)
+        self.shard_segment_source(uri, size, etag, format, None, None)
     }
 
     /// The bytes `[byte_start, byte_end)` of a shard of `size` bytes (all of it when `segment`
     /// is `None`), for a decoder that reads them as a whole shard: the object must still
     /// have exactly `size` bytes, but only the segment is requested (SPEC section 4's checks
     /// apply to the segment: no more and no fewer bytes than `byte_end - byte_start`).
+    /// `readahead` as for [`Storage::stream_range`] (a local file's first piece is read
+    /// directly, within any bound; the stream that takes over keeps to it).
     pub fn shard_segment_source(
         &self,
         uri: &str,
@@ -164,9 +172,11 @@ impl Storage {
         etag: Option<String>,
         format: &'static str,
         segment: Option<(u64, u64)>,
+        readahead: Option<u64>,
     ) -> NativeResult<Box<dyn ByteSource>> {
         let (start, end) = segment.unwrap_or((0, size));
         check_segment(uri, size, segment)?;
+        let readahead = readahead_bound(readahead)?;
         let location = Location::parse(uri, false)?;
         let Location::File { path } = &location else {
             return Ok(Box::new(self.stream_range(
@@ -176,6 +186,7 @@ impl Storage {
                 start,
                 end,
                 Some(format),
+                Some(readahead as u64),
             )?));
         };
         let path = std::path::PathBuf::from(path);
@@ -190,6 +201,7 @@ impl Storage {
             end,
             format: Some(format),
             policy: policy::current(),
+            readahead,
         };
         let factory = self.factory(&location)?;
         Ok(Box::new(LocalShardSource::new(path, request, factory)))

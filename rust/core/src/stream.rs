@@ -1,9 +1,9 @@
 //! Resumable streaming of an immutable object of known size (SPEC section 4).
 //!
 //! A background task issues ranged GETs from the current offset with If-Match, resumes at the
-//! last received byte after any transient failure (with a fresh client), and keeps at most
-//! `READAHEAD_BYTES` ahead of the consumer. The consumer pulls chunks with a timeout so that its
-//! caller can look for Ctrl-C between waits.
+//! last received byte after any transient failure (with a fresh client), and keeps at most the
+//! read's readahead bound (`READAHEAD_BYTES` unless it asks for less) ahead of the consumer. The
+//! consumer pulls chunks with a timeout so that its caller can look for Ctrl-C between waits.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -186,7 +186,8 @@ impl StreamReader {
 
     /// Bytes downloaded ahead of the consumer and not yet taken (at most the readahead bound).
     pub fn buffered_bytes(&self) -> usize {
-        self.bound.saturating_sub(self.readahead.available_permits())
+        self.bound
+            .saturating_sub(self.readahead.available_permits())
     }
 
     /// The most bytes this stream holds ahead of its consumer.
@@ -645,5 +646,73 @@ impl Producer {
             ));
         }
         Ok(Attempt::Done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::Storage;
+    use crate::store::StoreConfig;
+
+    #[test]
+    fn readahead_bounds_in_range_only() {
+        assert_eq!(readahead_bound(None).unwrap(), READAHEAD_BYTES);
+        assert_eq!(readahead_bound(Some(65_536)).unwrap(), 65_536);
+        assert_eq!(readahead_bound(Some(8 << 20)).unwrap(), 8 << 20);
+        for bad in [0, 1000, 65_535, (8 << 20) + 1, 1 << 40] {
+            let error = readahead_bound(Some(bad)).unwrap_err();
+            assert!(
+                matches!(&error, NativeError::Config(m) if m.contains(&bad.to_string())),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
+    fn permits_never_exceed_the_bound() {
+        assert_eq!(permits_for(10, 65_536), 10);
+        assert_eq!(permits_for(1 << 20, 65_536), 65_536);
+    }
+
+    /// A local file streamed with a 64 KiB bound: no chunk and no backlog larger than that,
+    /// every byte in order.
+    #[test]
+    fn a_bounded_stream_buffers_at_most_its_bound() {
+        let dir = std::env::temp_dir().join(format!("syvain-readahead-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("object.bin");
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let uri = format!("file://{}", path.display());
+        let storage = Storage::new(StoreConfig {
+            s3_base_url: None,
+            region: "us-east-1".into(),
+            ..Default::default()
+        })
+        .unwrap();
+        let size = data.len() as u64;
+        let bound = MIN_READAHEAD_BYTES;
+        let mut reader = storage
+            .stream_range(&uri, size, None, 0, size, None, Some(bound as u64))
+            .unwrap();
+        assert_eq!(reader.readahead_bytes(), bound);
+        let mut got = Vec::new();
+        let mut first = true;
+        while let Some(chunk) = reader.next_chunk().unwrap() {
+            assert!(chunk.len() <= bound, "a chunk of {} bytes", chunk.len());
+            got.extend_from_slice(&chunk);
+            if first {
+                first = false;
+                std::thread::sleep(Duration::from_millis(300));
+                let buffered = reader.buffered_bytes();
+                assert!(
+                    0 < buffered && buffered <= bound,
+                    "{buffered} bytes buffered"
+                );
+            }
+        }
+        assert_eq!(got, data);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
