@@ -52,6 +52,7 @@ def iter_shard(
     start: int = 0,
     stop: int | None = None,
     index: ShardIndex | None = None,
+    readahead_bytes: int | None = None,
 ) -> Generator[Mapping[str, Any]]:
     """Yields the records of ``shard`` in order, never more than ``shard.records``.
 
@@ -68,6 +69,9 @@ def iter_shard(
     range are not fetched. The segment is read as a shard of its own (every frame and count
     check applies to it), so a wrong index is an error, never wrong records.
 
+    ``readahead_bytes`` bounds the bytes fetched ahead of the decoder (64 KiB to 8 MiB, default
+    8 MiB; msgpack.zstf and jsonl.gz), for many reads at once.
+
     The generator's ``close()`` (or leaving it to the garbage collector) stops the stream of a
     shard that is not read to its end.
 
@@ -83,7 +87,9 @@ def iter_shard(
 
         yield from iter_parquet_shard(shard, storage_config=storage_config, start=start, stop=stop)
         return
-    yield from read_records(data_format, shard, storage_config, start, stop, index)
+    yield from read_records(
+        data_format, shard, storage_config, start, stop, index, readahead_bytes=readahead_bytes
+    )
 
 
 def _segment(
@@ -110,6 +116,7 @@ def read_records(
     stop: int | None,
     index: ShardIndex | None,
     batch_records: int = BATCH_RECORDS,
+    readahead_bytes: int | None = None,
 ) -> Generator[Mapping[str, Any]]:
     """`iter_shard` of a msgpack.zstf or jsonl.gz shard, decoding ``batch_records`` records at
     a time (the loader reads many ranges at once with small batches)."""
@@ -123,6 +130,7 @@ def read_records(
         start=start,
         stop=stop,
         segment=segment,
+        readahead_bytes=readahead_bytes,
     )
     while batch := reader.next_batch(batch_records):
         yield from batch
@@ -138,6 +146,7 @@ def iter_shard_batches(
     start: int = 0,
     stop: int | None = None,
     index: ShardIndex | None = None,
+    readahead_bytes: int | None = None,
 ) -> Generator[ArrowRecordBatch]:
     """Yields the records ``[start, stop)`` of ``shard`` as Arrow record batches of at most
     ``batch_size`` rows (fewer once a batch's values take about 16 MiB), in order.
@@ -150,7 +159,8 @@ def iter_shard_batches(
 
     ``columns`` builds only those top-level keys, in that order (a key no record holds is a
     column of nulls); the other values are skipped without being built. ``start``, ``stop``,
-    ``index``, the size and count checks and the errors are those of `iter_shard`; besides, a
+    ``index``, ``readahead_bytes``, the size and count checks and the errors are those of
+    `iter_shard`; besides, a
     value the columns cannot hold (a str in an int column, an int beyond int64) is a RuntimeError
     "Unreadable {format} shard {uri}: column 'name' mixes int and str values".
 
@@ -187,4 +197,5 @@ def iter_shard_batches(
         columns=selected,
         batch_size=batch_size,
         segment=segment,
+        readahead_bytes=readahead_bytes,
     )

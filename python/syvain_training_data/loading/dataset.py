@@ -28,6 +28,9 @@ __all__ = ["ShardDataset", "ShardTable"]
 _WORKER_STATE_VERSION = 2
 # Records decoded at a time per block read of a seeded pass (64 blocks at once).
 BLOCK_READ_RECORDS = 64
+# Bytes fetched ahead per block read of a seeded pass: about a block (1 MiB), so a window's 64
+# reads hold at most 64 MiB whatever the shards' sizes.
+BLOCK_READAHEAD_BYTES = 1024 * 1024
 
 
 class ShardTable:
@@ -212,6 +215,12 @@ class ShardDataset(IterableDataset[Any]):
         at once, so it holds a window's worth of these."""
         return BLOCK_READ_RECORDS if self.selection.seed is not None else BATCH_RECORDS
 
+    @property
+    def readahead(self) -> int | None:
+        """Bytes each range read fetches ahead: a block's worth when a window's blocks are read
+        at once (the store's default, 8 MiB, for one read at a time)."""
+        return BLOCK_READAHEAD_BYTES if self.selection.seed is not None else None
+
     def _open(self, shard_range: ShardRange, indexes: ShardIndexes | None) -> Iterator[Any]:
         table_index, start, stop = shard_range
         shard = self.table.shard(table_index)
@@ -223,7 +232,14 @@ class ShardDataset(IterableDataset[Any]):
         # A generator: the index is fetched by the first read, in the range's prefetch thread.
         index = self.range_index(shard, start, stop, indexes)
         yield from read_records(
-            self.data_format, shard, self.storage_config, start, stop, index, self.read_batch
+            self.data_format,
+            shard,
+            self.storage_config,
+            start,
+            stop,
+            index,
+            self.read_batch,
+            self.readahead,
         )
 
     # --- torchdata's per-worker protocol (same topology) ---------------------------------

@@ -116,6 +116,7 @@ class ColumnDataset(ShardDataset):
             start=start,
             stop=stop,
             index=self.range_index(shard, start, stop, indexes),
+            readahead_bytes=self.readahead,
         )
         for batch in batches:
             yield from _batch_records(batch, self.columns)

@@ -254,6 +254,7 @@ class TokenDataset(ShardDataset):
             start=start,
             stop=stop,
             index=self.range_index(shard, start, stop, indexes),
+            readahead_bytes=self.readahead,
         )
         for batch in batches:
             offsets, values = self._int_lists(batch, shard.uri)

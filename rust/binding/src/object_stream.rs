@@ -121,7 +121,7 @@ impl ObjectStream {
             .map(|r| r.position())
     }
 
-    /// Bytes downloaded ahead of the consumer, bounded by READAHEAD_BYTES.
+    /// Bytes downloaded ahead of the consumer, bounded by its readahead_bytes.
     #[getter]
     fn buffered_bytes(&self) -> Option<usize> {
         self.reader
