@@ -550,3 +550,22 @@ def test_a_1_gib_create_only_upload_keeps_process_memory_bounded(
     assert anon_growth_mib < 200
     assert storage.head_object(uri, storage_config=config_for(seaweed)).size == 2**30
     storage.delete_object(uri, storage_config=config_for(seaweed))
+
+
+def test_a_local_range_past_the_files_end_fails_at_once(tmp_path):
+    """A file shorter than the range asked of it (a truncated object) is invalid data that no
+    retry heals: an ObjectDataError at once, not fifteen minutes of retries."""
+    from syvain_training_data.errors import ObjectDataError
+    from syvain_training_data.storage import open_stream
+
+    path = tmp_path / "short"
+    path.write_bytes(b"x" * 13)
+    # A short budget: a failure taken for a transient one ends as StorageRetryExhaustedError.
+    policy = storage_policy(max_attempts=2, window_s=5, backoff_base_s=0.01, backoff_cap_s=0.05)
+    uri = f"file://{path}"
+    with (
+        policy,
+        pytest.raises(ObjectDataError, match="size mismatch"),
+        open_stream(uri, size_bytes=1000, start=832, end=840) as stream,
+    ):
+        b"".join(stream)

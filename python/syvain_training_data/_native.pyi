@@ -42,6 +42,7 @@ class NativeStorage:
         *,
         etag: str | None = None,
         start: int = 0,
+        end: int | None = None,
         readahead_bytes: int | None = None,  # 64 KiB..=8 MiB ahead of the reader; None: 8 MiB
     ) -> ObjectStream: ...
     def open_shard(

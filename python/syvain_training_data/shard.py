@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any, Protocol
 
-from syvain_training_data.formats.shard_index import ShardIndex
+from syvain_training_data.formats.shard_index import Segment, ShardIndex
 from syvain_training_data.manifest import DATA_FORMATS, DataManifestDataFormat, ManifestShard
 from syvain_training_data.storage import StorageConfig, native_storage
 
@@ -51,7 +51,7 @@ def iter_shard(
     storage_config: StorageConfig | None = None,
     start: int = 0,
     stop: int | None = None,
-    index: ShardIndex | None = None,
+    index: ShardIndex | Segment | None = None,
     readahead_bytes: int | None = None,
 ) -> Generator[Mapping[str, Any]]:
     """Yields the records of ``shard`` in order, never more than ``shard.records``.
@@ -64,9 +64,10 @@ def iter_shard(
     record index counts the non-blank lines, invalid ones included.
 
     ``index`` (a msgpack.zstf shard's :class:`~syvain_training_data.formats.shard_index.ShardIndex`,
-    read from ``{shard.uri}.index.json``) makes a range read one ranged GET from the index entry
-    at or before ``start`` to the one at or after ``stop``: the bytes before and after the
-    range are not fetched. The segment is read as a shard of its own (every frame and count
+    read from ``{shard.uri}.index``) makes a range read one ranged GET from the index entry at
+    or before ``start`` to the one at or after ``stop``: the bytes before and after the range
+    are not fetched (or pass the :class:`~syvain_training_data.formats.shard_index.Segment` of
+    it that holds the range). The segment is read as a shard of its own (every frame and count
     check applies to it), so a wrong index is an error, never wrong records.
 
     ``readahead_bytes`` bounds the bytes fetched ahead of the decoder (64 KiB to 8 MiB, default
@@ -87,25 +88,47 @@ def iter_shard(
 
         yield from iter_parquet_shard(shard, storage_config=storage_config, start=start, stop=stop)
         return
+    segment = _segment(data_format, shard, start, stop, index)
     yield from read_records(
-        data_format, shard, storage_config, start, stop, index, readahead_bytes=readahead_bytes
+        data_format, shard, storage_config, start, stop, segment, readahead_bytes=readahead_bytes
     )
 
 
 def _segment(
-    data_format: str, shard: ManifestShard, start: int, stop: int | None, index: ShardIndex | None
-) -> tuple[int, int, int | None, tuple[int, int] | None]:
-    """(records, start, stop, byte segment) to open: the index's segment around a valid range
-    (an invalid one is left for the native reader's ValueError)."""
+    data_format: str,
+    shard: ManifestShard,
+    start: int,
+    stop: int | None,
+    index: ShardIndex | Segment | None,
+) -> Segment | None:
+    """The index's segment around a valid range (an invalid one is left for the native
+    reader's ValueError)."""
+    if isinstance(index, Segment):
+        return index
     end = shard.records if stop is None else stop
     if (
         index is None
         or data_format != "msgpack.zstf"
         or not (type(start) is int and type(end) is int and 0 <= start < end <= shard.records)
     ):
-        return shard.records, start, stop, None
-    segment, records, first, last = index.segment(start, end)
-    return records, first, last, segment
+        return None
+    return index.segment(start, end)
+
+
+def _open_args(
+    shard: ManifestShard, start: int, stop: int | None, segment: Segment | None
+) -> dict[str, Any]:
+    """open_shard's record and byte range arguments: the whole shard, or a segment of it read
+    as a shard of its own."""
+    if segment is None:
+        return {"records": shard.records, "start": start, "stop": stop}
+    end = shard.records if stop is None else stop
+    return {
+        "records": segment.records,
+        "start": start - segment.first,
+        "stop": end - segment.first,
+        "segment": (segment.byte_start, segment.byte_end),
+    }
 
 
 def read_records(
@@ -114,23 +137,20 @@ def read_records(
     storage_config: StorageConfig | None,
     start: int,
     stop: int | None,
-    index: ShardIndex | None,
+    segment: Segment | None,
     batch_records: int = BATCH_RECORDS,
     readahead_bytes: int | None = None,
 ) -> Generator[Mapping[str, Any]]:
     """`iter_shard` of a msgpack.zstf or jsonl.gz shard, decoding ``batch_records`` records at
-    a time (the loader reads many ranges at once with small batches)."""
-    records, start, stop, segment = _segment(data_format, shard, start, stop, index)
+    a time (the loader reads many ranges at once with small batches); with ``segment``, only
+    its bytes are requested."""
     reader = native_storage(storage_config or StorageConfig()).open_shard(
         shard.uri,
         data_format,
         size_bytes=shard.size_bytes,
-        records=records,
         etag=shard.etag or None,
-        start=start,
-        stop=stop,
-        segment=segment,
         readahead_bytes=readahead_bytes,
+        **_open_args(shard, start, stop, segment),
     )
     while batch := reader.next_batch(batch_records):
         yield from batch
@@ -145,7 +165,7 @@ def iter_shard_batches(
     batch_size: int = BATCH_ROWS,
     start: int = 0,
     stop: int | None = None,
-    index: ShardIndex | None = None,
+    index: ShardIndex | Segment | None = None,
     readahead_bytes: int | None = None,
 ) -> Generator[ArrowRecordBatch]:
     """Yields the records ``[start, stop)`` of ``shard`` as Arrow record batches of at most
@@ -185,17 +205,14 @@ def iter_shard_batches(
             stop=stop,
         )
         return
-    records, start, stop, segment = _segment(data_format, shard, start, stop, index)
+    segment = _segment(data_format, shard, start, stop, index)
     yield from native_storage(storage_config or StorageConfig()).open_shard_batches(
         shard.uri,
         data_format,
         size_bytes=shard.size_bytes,
-        records=records,
         etag=shard.etag or None,
-        start=start,
-        stop=stop,
         columns=selected,
         batch_size=batch_size,
-        segment=segment,
         readahead_bytes=readahead_bytes,
+        **_open_args(shard, start, stop, segment),
     )

@@ -490,12 +490,14 @@ def open_stream(
     size_bytes: int,
     etag: str | None = None,
     start: int = 0,
+    end: int | None = None,
     storage_config: StorageConfig | None = None,
 ) -> ObjectStream:
-    """A resumable stream over an immutable object of known size.
+    """A resumable stream over bytes ``[start, end)`` (``end``: default ``size_bytes``) of an
+    immutable object of known size.
 
     Ranged GETs with If-Match on ``etag`` (or on the first response's etag) resume at the last
     received byte after transient failures; at most ``READAHEAD_BYTES`` are buffered ahead.
     Iterate for ``bytes`` chunks, or call ``read(n)``. Close it (or use ``with``) to stop early.
     """
-    return _client(storage_config).open_stream(uri, size_bytes, etag=etag, start=start)
+    return _client(storage_config).open_stream(uri, size_bytes, etag=etag, start=start, end=end)

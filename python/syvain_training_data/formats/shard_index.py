@@ -1,69 +1,84 @@
-"""Record offset index of a msgpack.zstf shard: the optional object ``{shard_uri}.index.json``
-(SPEC section 6, seeded order) that lets a reader fetch any block of records with one ranged
-GET.
+"""Record offset index of a msgpack.zstf shard: the optional object ``{shard_uri}.index``
+(SPEC section 6, seeded order) that lets a reader fetch any run of records with one ranged GET.
 
 A msgpack.zstf record is a self-delimiting frame (8-byte length, then the frame), so the byte
 offset of every ``every``-th record is all a reader needs to start anywhere. The index is
-written by the saver after the data object and before the completion descriptor; other
-implementations neither write nor read it. It is never trusted for bounds: a reader checks it
-against the manifest's record count and size, and reads a segment of the shard as a shard of
-its own, so every frame and count check of SPEC section 3 still applies.
+written by the saver after the data object and before the completion descriptor (and by
+``cp --with-shards`` from the verified bytes); other implementations neither write nor read it.
+It is never trusted for bounds: a reader checks what it reads of it against the manifest's
+record count and size, and reads a segment of the shard as a shard of its own, so every frame
+and count check of SPEC section 3 still applies and a wrong index is an error, never other
+records.
 
-Bytes: canonical JSON (sorted keys, separators ``,`` and ``:``, plus ``"\\n"``)::
+Bytes (little-endian)::
 
-    {"deltas": [o_K - 0, o_2K - o_K, ...], "every": K, "records": N,
-     "schema": "syvain-training-data-shard-index-v1", "size_bytes": S}
+    b"SYVIDX01", records: u64, size_bytes: u64, every: u64,
+    then one u64 per ``every`` records: the byte offset of records 0, every, 2 x every, ...
 
-where o_i is the byte offset of record i (record 0 is at byte 0; deltas keep the index small,
-as a consumer fetches it with the ranges it reads).
+``every`` follows from (records, size_bytes) alone (:func:`index_every`), so a reader that
+knows the shard from the manifest computes where any entry lies and reads only the entries
+around the records it wants: a few bytes per block, whatever the shard's size.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
+import struct
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 __all__ = [
     "BLOCK_BYTES",
     "INDEX_SUFFIX",
-    "MAX_INDEX_BYTES",
     "FrameOffsets",
+    "IndexLayout",
+    "Segment",
     "ShardIndex",
     "block_records",
     "index_every",
 ]
 
-INDEX_SUFFIX: Final = ".index.json"
-SCHEMA: Final = "syvain-training-data-shard-index-v1"
-# One index entry per about 1/256 of a shard, and per 512 B to 64 KiB: a range read that starts
-# or ends inside a block fetches at most one stride before and after its records, so cutting
-# a small shard stays cheap too, and the index stays about 0.2 % of its shard at most.
-MIN_STRIDE_BYTES: Final = 512
-MAX_STRIDE_BYTES: Final = 64 * 1024
+INDEX_SUFFIX: Final = ".index"
+MAGIC: Final = b"SYVIDX01"
+HEADER: Final = struct.Struct("<8sQQQ")
+ENTRY_BYTES: Final = 8
+# One entry per about 1/1024 of a shard, and per 256 B to 2 KiB of it: a range that starts or
+# ends inside a block fetches at most one stride around its records, and the entries a block
+# read needs are about 4 KiB per MiB.
+MIN_STRIDE_BYTES: Final = 256
+MAX_STRIDE_BYTES: Final = 2048
 # A block (the unit the seeded order permutes) spans about this many shard bytes: one ranged
-# GET each, about 1,000 per GB.
+# GET each (and one for its index entries), about 1,000 of each per GB.
 BLOCK_BYTES: Final = 1024 * 1024
 # Blocks per shard at most (a 64 GiB shard has this many of 1 MiB).
 MAX_SHARD_BLOCKS: Final = 1 << 16
-# An index of a shard under 5 GiB holds about 80,000 entries (under 1 MiB of JSON).
-MAX_INDEX_BYTES: Final = 16 * 1024 * 1024
+# Offsets a writer holds while encoding (8 bytes each); beyond, it keeps every other one.
+MAX_KEPT: Final = 1 << 20
 
 
 def stride_bytes(size_bytes: int) -> int:
     """Shard bytes between two index entries, about."""
-    return min(MAX_STRIDE_BYTES, max(MIN_STRIDE_BYTES, size_bytes // 256))
+    return min(MAX_STRIDE_BYTES, max(MIN_STRIDE_BYTES, size_bytes // 1024))
+
+
+def kept_step(records: int) -> int:
+    """The step :class:`FrameOffsets` ends with for ``records`` records: the smallest power
+    of two that keeps at most ``MAX_KEPT`` offsets."""
+    step = 1
+    while -(-records // step) > MAX_KEPT:
+        step *= 2
+    return step
 
 
 def index_every(records: int, size_bytes: int) -> int:
     """Records between two index entries of a shard of ``records`` records in ``size_bytes``
-    bytes: about ``stride_bytes`` worth, at least 1."""
-    share = records * stride_bytes(size_bytes) / max(size_bytes, 1)
-    return max(1, min(records, round(share)))
+    bytes: about ``stride_bytes`` worth, a multiple of what its writer kept."""
+    share = round(records * stride_bytes(size_bytes) / max(size_bytes, 1))
+    step = kept_step(records)
+    return -(-max(1, min(records, share)) // step) * step
 
 
 def block_records(records: int, size_bytes: int) -> int:
@@ -77,12 +92,70 @@ def block_records(records: int, size_bytes: int) -> int:
     return min(records, every * strides)
 
 
+@dataclass(frozen=True)
+class Segment:
+    """Records ``[first, first + records)`` of a shard, at bytes ``[byte_start, byte_end)``:
+    read as a shard of its own."""
+
+    byte_start: int
+    byte_end: int
+    first: int
+    records: int
+
+
+@dataclass(frozen=True)
+class IndexLayout:
+    """Where the entries of the index of a shard of ``records`` records in ``size_bytes``
+    bytes lie."""
+
+    records: int
+    size_bytes: int
+
+    @property
+    def every(self) -> int:
+        return index_every(self.records, self.size_bytes)
+
+    @property
+    def entries(self) -> int:
+        return math.ceil(self.records / self.every)
+
+    @property
+    def object_size(self) -> int:
+        return HEADER.size + ENTRY_BYTES * self.entries
+
+    def entries_for(self, start: int, stop: int) -> tuple[int, int]:
+        """[first, end) of the entries a read of records [start, stop) (start < stop) needs:
+        the one at or before ``start``, through the one at or after ``stop`` (none when
+        ``stop`` is past the last entry: the segment then ends with the shard)."""
+        every = self.every
+        return start // every, min(-(-stop // every) + 1, self.entries)
+
+    def byte_range(self, first: int, end: int) -> tuple[int, int]:
+        return HEADER.size + ENTRY_BYTES * first, HEADER.size + ENTRY_BYTES * end
+
+    def segment(self, first: int, offsets: Sequence[int], start: int, stop: int) -> Segment:
+        """The segment for records [start, stop), from ``offsets``, the entries from
+        ``first`` on that ``entries_for`` named; ValueError when they do not fit the shard."""
+        every, size = self.every, self.size_bytes
+        previous = -1
+        for k, offset in enumerate(offsets):
+            low = 0 if previous < 0 else previous + 9 * every
+            if not low <= offset < size or (first + k == 0 and offset != 0):
+                raise ValueError("its offsets do not step forward inside the shard's bytes")
+            previous = offset
+        end_entry = -(-stop // every)
+        first_record = first * every
+        if end_entry < self.entries:
+            end_byte, end_record = offsets[end_entry - first], end_entry * every
+        else:
+            end_byte, end_record = size, self.records
+        return Segment(offsets[0], end_byte, first_record, end_record - first_record)
+
+
 class FrameOffsets:
     """The byte offsets of a msgpack.zstf shard's records as the encoder writes them, kept
     every ``step``-th record; ``step`` doubles whenever more than ``MAX_KEPT`` are held, so
     the memory stays bounded whatever the shard's record count."""
-
-    MAX_KEPT: Final = 1 << 20
 
     def __init__(self) -> None:
         self.kept: array[int] = array("q")
@@ -119,75 +192,50 @@ class FrameOffsets:
         if self.records % self.step == 0:
             self.kept.append(offset)
         self.records += 1
-        if len(self.kept) > self.MAX_KEPT:
+        if len(self.kept) > MAX_KEPT:
             self.kept = self.kept[::2]
             self.step *= 2
 
     def index(self, size_bytes: int) -> ShardIndex:
-        """The shard's index: an entry every ``index_every`` records, rounded up to what was
-        kept."""
-        every = -(-index_every(self.records, size_bytes) // self.step) * self.step
-        kept = self.kept[:: every // self.step]
-        return ShardIndex(self.records, size_bytes, every, kept)
+        """The shard's index: an entry every ``index_every`` records."""
+        every = index_every(self.records, size_bytes)
+        return ShardIndex(self.records, size_bytes, self.kept[:: every // self.step])
 
 
 @dataclass(frozen=True)
 class ShardIndex:
-    """Byte offsets of records 0, ``every``, 2 x ``every``, ... of a shard."""
+    """A whole index: the byte offsets of records 0, ``every``, 2 x ``every``, ... of a shard
+    of ``records`` records in ``size_bytes`` bytes."""
 
     records: int
     size_bytes: int
-    every: int
     offsets: Sequence[int]
 
+    @property
+    def layout(self) -> IndexLayout:
+        return IndexLayout(self.records, self.size_bytes)
+
     def to_bytes(self) -> bytes:
-        offsets = self.offsets
-        document = {
-            "deltas": [offsets[i] - offsets[i - 1] for i in range(1, len(offsets))],
-            "every": self.every,
-            "records": self.records,
-            "schema": SCHEMA,
-            "size_bytes": self.size_bytes,
-        }
-        return (json.dumps(document, sort_keys=True, separators=(",", ":")) + "\n").encode()
+        header = HEADER.pack(MAGIC, self.records, self.size_bytes, self.layout.every)
+        return header + array("q", self.offsets).tobytes()
 
     @classmethod
     def parse(cls, data: bytes, records: int, size_bytes: int) -> ShardIndex:
         """The index in ``data`` for a shard the manifest says holds ``records`` records in
         ``size_bytes`` bytes; ValueError saying what is wrong with anything else."""
-        if len(data) > MAX_INDEX_BYTES:
-            raise ValueError(f"it holds {len(data)} bytes, more than {MAX_INDEX_BYTES}")
-        try:
-            document: Any = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-            raise ValueError("it is not JSON") from None
-        if not isinstance(document, dict) or document.get("schema") != SCHEMA:
-            raise ValueError(f"it is not a {SCHEMA} document")
-        if document.get("records") != records or document.get("size_bytes") != size_bytes:
-            raise ValueError("it describes another shard (records or size_bytes differ)")
-        every, deltas = document.get("every"), document.get("deltas")
-        if type(every) is not int or not 1 <= every <= records:
-            raise ValueError("'every' is not an int in [1, records]")
-        if not isinstance(deltas, list) or len(deltas) != math.ceil(records / every) - 1:
-            raise ValueError("'deltas' does not hold one entry per 'every' records")
-        offsets = array("q", [0])
-        for delta in deltas:
-            # A record takes at least 9 bytes (its length, then a frame).
-            if type(delta) is not int or not 9 * every <= delta < size_bytes - offsets[-1]:
-                raise ValueError("'deltas' do not step forward inside the shard's bytes")
-            offsets.append(offsets[-1] + delta)
-        return cls(records, size_bytes, every, offsets)
+        layout = IndexLayout(records, size_bytes)
+        if len(data) != layout.object_size:
+            raise ValueError(f"it holds {len(data)} bytes, not the {layout.object_size} expected")
+        magic, found_records, found_size, every = HEADER.unpack_from(data)
+        if magic != MAGIC:
+            raise ValueError("it is not a syvain-training-data shard index")
+        if (found_records, found_size, every) != (records, size_bytes, layout.every):
+            raise ValueError("it describes another shard (records, size_bytes or every differ)")
+        offsets = array("q", data[HEADER.size :])
+        layout.segment(0, offsets, 0, 1)  # checks every offset
+        return cls(records, size_bytes, offsets)
 
-    def segment(self, start: int, stop: int) -> tuple[tuple[int, int], int, int, int]:
-        """How to read records ``[start, stop)`` (``start < stop``) with one ranged GET:
-        ((first byte, end byte), records in that segment, and ``start`` and ``stop`` counted
-        from the segment's first record)."""
-        first_entry = start // self.every
-        end_entry = -(-stop // self.every)
-        first = first_entry * self.every
-        if end_entry < len(self.offsets):
-            end_byte, end_record = self.offsets[end_entry], end_entry * self.every
-        else:
-            end_byte, end_record = self.size_bytes, self.records
-        span = (self.offsets[first_entry], end_byte)
-        return span, end_record - first, start - first, stop - first
+    def segment(self, start: int, stop: int) -> Segment:
+        """The segment that holds records [start, stop) (start < stop)."""
+        first, end = self.layout.entries_for(start, stop)
+        return self.layout.segment(first, self.offsets[first:end], start, stop)

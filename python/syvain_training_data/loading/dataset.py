@@ -13,7 +13,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from syvain_training_data.formats.shard_index import ShardIndex
+from syvain_training_data.formats.shard_index import Segment
 from syvain_training_data.loading import plan
 from syvain_training_data.loading import state as checks
 from syvain_training_data.loading.reader import ShardRange, consumer_records
@@ -200,14 +200,14 @@ class ShardDataset(IterableDataset[Any]):
         selection's shards have them."""
         return ShardIndexes(self.storage_config) if self.selection.indexed else None
 
-    def range_index(
+    def range_segment(
         self, shard: ManifestShard, start: int, stop: int, indexes: ShardIndexes | None
-    ) -> ShardIndex | None:
-        """The index to read records [start, stop) of ``shard`` with: only for a range that
+    ) -> Segment | None:
+        """The segment to read records [start, stop) of ``shard`` from: only for a range that
         is not the whole shard (a whole read needs none)."""
-        if indexes is None or (start == 0 and stop == shard.records):
+        if indexes is None or start >= stop or (start == 0 and stop == shard.records):
             return None
-        return indexes.get(shard)
+        return indexes.segment(shard, start, stop)
 
     @property
     def read_batch(self) -> int:
@@ -229,15 +229,15 @@ class ShardDataset(IterableDataset[Any]):
                 self.data_format, shard, storage_config=self.storage_config, start=start, stop=stop
             )
             return
-        # A generator: the index is fetched by the first read, in the range's prefetch thread.
-        index = self.range_index(shard, start, stop, indexes)
+        # A generator: the index is read by the first read, in the range's prefetch thread.
+        segment = self.range_segment(shard, start, stop, indexes)
         yield from read_records(
             self.data_format,
             shard,
             self.storage_config,
             start,
             stop,
-            index,
+            segment,
             self.read_batch,
             self.readahead,
         )

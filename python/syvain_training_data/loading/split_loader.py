@@ -26,7 +26,7 @@ from syvain_training_data.loading import plan
 from syvain_training_data.loading.dataloader import SyvainDataLoader, endless
 from syvain_training_data.loading.dataset import ShardDataset, ShardTable, stream_tables
 from syvain_training_data.loading.selection import select_shards
-from syvain_training_data.loading.shard_indexes import fetch_index
+from syvain_training_data.loading.shard_indexes import has_index
 from syvain_training_data.loading.tensors import ColumnDataLoader, ColumnDataset, TensorCollate
 from syvain_training_data.manifest import DataManifest, ManifestShard
 from syvain_training_data.storage import StorageConfig
@@ -296,7 +296,7 @@ class SplitDataLoader:
         start."""
         if self.manifest.data_format != "msgpack.zstf":
             return False
-        return fetch_index(shards[0], self.storage_config) is not None
+        return has_index(shards[0], self.storage_config)
 
     def load(
         self,

@@ -115,7 +115,7 @@ class ColumnDataset(ShardDataset):
             batch_size=BATCH_ROWS if self.selection.seed is None else BLOCK_READ_RECORDS,
             start=start,
             stop=stop,
-            index=self.range_index(shard, start, stop, indexes),
+            index=self.range_segment(shard, start, stop, indexes),
             readahead_bytes=self.readahead,
         )
         for batch in batches:

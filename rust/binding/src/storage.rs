@@ -220,20 +220,22 @@ impl NativeStorage {
         )?)
     }
 
-    /// A resumable stream over an immutable object of known size; `readahead_bytes` as for
-    /// `open_shard`.
-    #[pyo3(signature = (uri, size_bytes, *, etag=None, start=0, readahead_bytes=None))]
+    /// A resumable stream over bytes `[start, end)` (default: to the end) of an immutable
+    /// object of known size; `readahead_bytes` as for `open_shard`.
+    #[pyo3(signature = (uri, size_bytes, *, etag=None, start=0, end=None, readahead_bytes=None))]
     fn open_stream(
         &self,
         uri: &str,
         size_bytes: u64,
         etag: Option<String>,
         start: u64,
+        end: Option<u64>,
         readahead_bytes: Option<i64>,
     ) -> BindingResult<ObjectStream> {
         let readahead = readahead(readahead_bytes)?;
-        let reader = (self.storage)
-            .stream_range(uri, size_bytes, etag, start, size_bytes, None, readahead)?;
+        let end = end.unwrap_or(size_bytes);
+        let reader =
+            (self.storage).stream_range(uri, size_bytes, etag, start, end, None, readahead)?;
         Ok(ObjectStream::new(reader))
     }
 }

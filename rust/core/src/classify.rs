@@ -35,6 +35,15 @@ pub fn classify_store_error(
         if let Some(io) = io_source(&error) {
             return classify_local_io(uri, io);
         }
+        // A range past the file's end: the file is shorter than declared, which no retry
+        // heals (object_store keeps the error type private, so its message says it).
+        let detail = error_chain(&error);
+        if detail.contains("Requested range was invalid") {
+            return StoreFailure::Fatal(NativeError::InvalidData {
+                uri: uri.to_string(),
+                reason: format!("size mismatch: {detail}"),
+            });
+        }
     }
     // No credentials: fails at once, with the message of the source (never a secret).
     if let Some(found) = crate::credentials::find_credential_error(&error) {
@@ -157,6 +166,21 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_range_past_a_local_files_end_fails_at_once() {
+        let error = object_store::Error::Generic {
+            store: "LocalFileSystem",
+            source: "Requested range was invalid: Wanted range starting at 832, but object \
+                     was only 13 bytes long"
+                .into(),
+        };
+        let failure = classify_store_error("file:///x", error, None);
+        assert!(matches!(
+            failure,
+            StoreFailure::Fatal(NativeError::InvalidData { .. })
+        ));
+    }
 
     #[test]
     fn statuses() {
