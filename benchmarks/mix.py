@@ -6,7 +6,7 @@ permutation of the same records.
    batch 32 with 0 and 2 workers; per batch, the distinct sources and the largest source's
    share, averaged over the epoch; the bytes fetched over the shards' bytes, and range reads.
 2. **Planned** (no I/O): the cluster case of the issue, 10,000 shards x 5,000 records (of 2 KiB,
-   indexed: blocks of 496 records), 64 ranks x 8 workers, 8 records per device batch, computed
+   indexed: blocks of 2,048 records), 64 ranks x 8 workers, 8 records per device batch, computed
    from the plan alone
    (``loading.plan.run_layout`` and the stream order's segments): distinct shards per device
    batch, and per global batch (the k-th batch of every rank: 512 records).
@@ -32,7 +32,7 @@ from syvain_training_data.loading.block_order import BlockOrder
 
 SOURCES, PER_SOURCE, BATCH = 64, 500, 32
 CLUSTER_SHARDS, CLUSTER_RECORDS = 10_000, 5_000
-# Assumed for the plan-only case: 2 KiB records, indexed msgpack.zstf (blocks of ~1 MiB).
+# Assumed for the plan-only case: 2 KiB records, indexed msgpack.zstf (blocks of ~4 MiB).
 CLUSTER_SHARD_BYTES = CLUSTER_RECORDS * 2048
 RANKS, WORKERS, DEVICE_BATCH = 64, 8, 8
 

@@ -3,7 +3,7 @@
 Every batch should mix the whole selection about as a uniform permutation would, yet a
 consumer must stream: contiguous byte ranges, each shard's bytes fetched about once, memory
 bounded whatever the dataset's size. So the order works on *blocks*, runs of consecutive
-records of one shard (about 1 MiB of an indexed msgpack.zstf shard, see
+records of one shard (about 4 MiB of an indexed msgpack.zstf shard, see
 ``formats.shard_index``; a whole shard where the format or a missing index gives no random
 access):
 

@@ -28,8 +28,8 @@ __all__ = ["ShardDataset", "ShardTable"]
 _WORKER_STATE_VERSION = 2
 # Records decoded at a time per block read of a seeded pass (64 blocks at once).
 BLOCK_READ_RECORDS = 64
-# Bytes fetched ahead per block read of a seeded pass: about a block (1 MiB), so a window's 64
-# reads hold at most 64 MiB whatever the shards' sizes.
+# Bytes fetched ahead per block read of a seeded pass, so a window's 64 reads hold at most
+# 64 MiB whatever the shards' and blocks' sizes.
 BLOCK_READAHEAD_BYTES = 1024 * 1024
 
 

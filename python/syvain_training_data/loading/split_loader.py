@@ -334,7 +334,7 @@ class SplitDataLoader:
           equal_batches: every rank yields the same number of batches; fewer than world_size
             records of the epoch are left out (the last ones of the epoch's order).
           seed: shuffle, deterministic in (seed, epoch), so that every batch mixes the whole
-            selection: blocks of records (about 1 MiB of an indexed msgpack.zstf shard, else
+            selection: blocks of records (about 4 MiB of an indexed msgpack.zstf shard, else
             whole shards) are permuted, and the records of ``shuffle_buffer`` consecutive
             blocks (default 64; 0 or 1: one block at a time) are interleaved at random, each
             block's records staying in order. A worker reads a window's blocks at once.
