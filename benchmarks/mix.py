@@ -20,35 +20,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import sys
 import tempfile
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
-from syvain_training_data import SyvainTrainingData
-from syvain_training_data.formats.shard_index import block_records
-from syvain_training_data.loading import plan
-from syvain_training_data.loading.block_order import BlockOrder
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from syvain_training_data import SyvainTrainingData  # noqa: E402
+from syvain_training_data.formats.shard_index import block_records  # noqa: E402
+from syvain_training_data.loading import plan  # noqa: E402
+from syvain_training_data.loading.block_order import BlockOrder  # noqa: E402
+from uniform import expected_distinct  # noqa: E402
 
 SOURCES, PER_SOURCE, BATCH = 64, 500, 32
 CLUSTER_SHARDS, CLUSTER_RECORDS = 10_000, 5_000
 # Assumed for the plan-only case: 2 KiB records, indexed msgpack.zstf (blocks of ~4 MiB).
 CLUSTER_SHARD_BYTES = CLUSTER_RECORDS * 2048
 RANKS, WORKERS, DEVICE_BATCH = 64, 8, 8
-
-
-def expected_distinct(groups: int, per_group: int, draws: int) -> float:
-    """Distinct groups among ``draws`` records drawn without replacement from ``groups`` groups
-    of ``per_group`` records each (a uniform permutation's batch)."""
-    total = groups * per_group
-    # P(a given group is missed) = C(total - per_group, draws) / C(total, draws).
-    missed = math.exp(
-        math.lgamma(total - per_group + 1)
-        - math.lgamma(total - per_group - draws + 1)
-        - math.lgamma(total + 1)
-        + math.lgamma(total - draws + 1)
-    )
-    return groups * (1 - missed)
 
 
 def as_list(batch: list[Any]) -> list[Any]:

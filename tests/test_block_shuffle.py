@@ -5,7 +5,6 @@ without shard indexes."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import uuid
@@ -20,6 +19,7 @@ torch = pytest.importorskip("torch")
 from syvain_training_data import SyvainTrainingData  # noqa: E402
 from syvain_training_data.formats.shard_index import INDEX_SUFFIX, ShardIndex  # noqa: E402
 from syvain_training_data.storage import get_object  # noqa: E402
+from uniform import expected_distinct  # noqa: E402
 
 SOURCES, PER_SOURCE, BATCH = 64, 500, 32
 
@@ -28,19 +28,7 @@ def as_list(batch: list[Any]) -> list[Any]:
     return batch
 
 
-def uniform_distinct(groups: int, per_group: int, draws: int) -> float:
-    """Expected distinct groups among ``draws`` records of a uniform permutation."""
-    total = groups * per_group
-    missed = math.exp(
-        math.lgamma(total - per_group + 1)
-        - math.lgamma(total - per_group - draws + 1)
-        - math.lgamma(total + 1)
-        + math.lgamma(total - draws + 1)
-    )
-    return groups * (1 - missed)
-
-
-UNIFORM = uniform_distinct(SOURCES, PER_SOURCE, BATCH)  # 25.3
+UNIFORM = expected_distinct(SOURCES, PER_SOURCE, BATCH)  # 25.3
 
 
 def write_sources(client: SyvainTrainingData, root: str, data_format: str, payload: int = 0) -> str:

@@ -10,7 +10,7 @@ import re
 import struct
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -19,20 +19,10 @@ import pytest
 from syvain_training_data import _native, storage
 from syvain_training_data._native import StreamCounters
 from syvain_training_data.storage import StorageConfig, native_storage
+from test_shard_range import encode, records
 
 ZSTF = "msgpack.zstf"
 COUNT = 300
-
-
-def encode(data_format: str, records: Iterable[Mapping[str, Any]]) -> bytes:
-    encoder = _native.ShardEncoder(data_format)
-    return encoder.encode(list(records)) + encoder.finish()
-
-
-def records(count: int = COUNT) -> list[dict[str, Any]]:
-    return [
-        {"i": i, "text": f"record {i} " * (i % 9), "list": list(range(i % 7))} for i in range(count)
-    ]
 
 
 def record_offsets(data: bytes) -> list[int]:
@@ -67,7 +57,7 @@ def store(request, tmp_path) -> tuple[str, StorageConfig]:
 def zstf_shard(store) -> tuple[str, StorageConfig, bytes, list[int], int]:
     """(uri, config, data, record offsets and then the size, size) of a published shard."""
     root, config = store
-    data = encode(ZSTF, records())
+    data = encode(ZSTF, records(COUNT))
     uri = f"{root}/part.{ZSTF}"
     info = storage.put_object(uri, data, storage_config=config)
     assert info.size == len(data)
@@ -107,7 +97,7 @@ SEGMENTS = [(0, 50), (37, 121), (250, COUNT), (99, 100), (0, COUNT)]
 @pytest.mark.parametrize(("first", "end"), SEGMENTS)
 def test_a_segment_yields_exactly_its_records(zstf_shard, first, end):
     uri, config, _data, offsets, size = zstf_shard
-    expected = records()[first:end]
+    expected = records(COUNT)[first:end]
     segment = (offsets[first], offsets[end])
     counters = StreamCounters()
     with counters:
@@ -121,7 +111,7 @@ def test_a_segment_yields_exactly_its_records(zstf_shard, first, end):
 def test_record_ranges_inside_a_segment(zstf_shard):
     uri, config, _data, offsets, size = zstf_shard
     first, end = 40, 140
-    expected = records()[first:end]
+    expected = records(COUNT)[first:end]
     segment = (offsets[first], offsets[end])
     for start, stop in ((0, 10), (10, 60), (99, 100), (50, None), (100, None), (5, 5)):
         got = read_segment(uri, config, size, segment, end - first, start, stop)
@@ -169,7 +159,7 @@ def test_a_segment_with_the_wrong_record_count(zstf_shard):
     ):
         read_segment(uri, config, size, segment, 9)
     # A partial range that ends before the segment's end is not checked against the count.
-    assert read_segment(uri, config, size, segment, 11, 0, 5) == records()[20:25]
+    assert read_segment(uri, config, size, segment, 11, 0, 5) == records(COUNT)[20:25]
 
 
 def test_the_object_size_is_still_checked(zstf_shard):
@@ -221,7 +211,7 @@ BIG_RECORDS = 10_000
 BIG_RECORD_BYTES = 2_000
 
 
-def big_records() -> list[dict[str, Any]]:
+def big_records(COUNT) -> list[dict[str, Any]]:
     return [
         {"i": i, "blob": random.Random(i).randbytes(BIG_RECORD_BYTES)} for i in range(BIG_RECORDS)
     ]
@@ -231,7 +221,7 @@ def big_records() -> list[dict[str, Any]]:
 def big_shard(store) -> tuple[str, StorageConfig, int]:
     """(uri, config, size) of a published msgpack.zstf shard of about 20 MB."""
     root, config = store
-    data = encode(ZSTF, big_records())
+    data = encode(ZSTF, big_records(COUNT))
     assert len(data) > 20_000_000
     uri = f"{root}/big.{ZSTF}"
     assert storage.put_object(uri, data, storage_config=config).size == len(data)
@@ -299,7 +289,7 @@ def test_a_bounded_shard_read_yields_every_record(big_shard):
     # Chunks larger than the bound (a local file's pieces, an S3 body's) pass in pieces.
     uri, config, size = big_shard
     client = native_storage(config)
-    expected = big_records()
+    expected = big_records(COUNT)
     counters = StreamCounters()
     with counters:
         reader = client.open_shard(
@@ -344,7 +334,7 @@ def test_a_readahead_out_of_range_is_a_value_error(zstf_shard, readahead_bytes):
         got: list[dict[str, Any]] = []
         while batch := reader.next_batch(COUNT):
             got.extend(batch)
-        assert got == records()
+        assert got == records(COUNT)
 
 
 # interleave: a seeded order of labelled blocks.

@@ -13,6 +13,7 @@ use syvain_core::codec::columnar::{column_selection, BatchOptions};
 use syvain_core::codec::{RecordRange, ShardFormat};
 use syvain_core::credentials::AwsCredentialProvider;
 use syvain_core::error::NativeError;
+use syvain_core::source::ByteSource;
 use syvain_core::storage::{check_segment, Storage};
 use syvain_core::store::StoreConfig;
 use syvain_core::stream::invalid_readahead;
@@ -153,22 +154,14 @@ impl NativeStorage {
     ) -> BindingResult<ShardReader> {
         let range = RecordRange::new(records, start, stop)?;
         let format = ShardFormat::of_shard(uri, data_format)?;
-        let segment = byte_segment(uri, size_bytes, segment)?;
-        let readahead = readahead(readahead_bytes)?;
-        let source = (self.storage).shard_segment_source(
-            uri,
-            size_bytes,
-            etag,
-            format.name(),
-            segment,
-            readahead,
-        )?;
+        let (source, decoded_size) =
+            self.shard_read(uri, size_bytes, etag, format, segment, readahead_bytes)?;
         Ok(ShardReader::open(
             py,
             format,
             uri.to_string(),
             source,
-            segment_len(size_bytes, segment),
+            decoded_size,
             range,
         )?)
     }
@@ -194,21 +187,12 @@ impl NativeStorage {
     ) -> BindingResult<ShardBatchReader> {
         let range = RecordRange::new(records, start, stop)?;
         let format = ShardFormat::of_shard(uri, data_format)?;
-        let segment = byte_segment(uri, size_bytes, segment)?;
-        let readahead = readahead(readahead_bytes)?;
         let options = BatchOptions {
             columns: column_selection(columns)?,
             batch_rows: batch_size,
         };
-        let source = (self.storage).shard_segment_source(
-            uri,
-            size_bytes,
-            etag,
-            format.name(),
-            segment,
-            readahead,
-        )?;
-        let decoded_size = segment_len(size_bytes, segment);
+        let (source, decoded_size) =
+            self.shard_read(uri, size_bytes, etag, format, segment, readahead_bytes)?;
         let uri = uri.to_string();
         Ok(ShardBatchReader::open(
             format,
@@ -237,6 +221,35 @@ impl NativeStorage {
         let reader =
             (self.storage).stream_range(uri, size_bytes, etag, start, end, None, readahead)?;
         Ok(ObjectStream::new(reader))
+    }
+}
+
+impl NativeStorage {
+    /// The byte source of a shard read (the whole object, or its `segment`), and the size the
+    /// decoder checks it against.
+    fn shard_read(
+        &self,
+        uri: &str,
+        size_bytes: u64,
+        etag: Option<String>,
+        format: ShardFormat,
+        segment: Option<(i64, i64)>,
+        readahead_bytes: Option<i64>,
+    ) -> BindingResult<(Box<dyn ByteSource>, u64)> {
+        let segment = byte_segment(uri, size_bytes, segment)?;
+        let readahead = readahead(readahead_bytes)?;
+        let source = (self.storage).shard_segment_source(
+            uri,
+            size_bytes,
+            etag,
+            format.name(),
+            segment,
+            readahead,
+        )?;
+        Ok((
+            source,
+            segment.map_or(size_bytes, |(start, end)| end - start),
+        ))
     }
 }
 
@@ -269,9 +282,4 @@ fn readahead(readahead_bytes: Option<i64>) -> BindingResult<Option<u64>> {
             Err(_) => Err(invalid_readahead(bytes).into()),
         },
     }
-}
-
-/// The bytes the decoder reads as its shard: the segment's, or the whole object's.
-fn segment_len(size_bytes: u64, segment: Option<(u64, u64)>) -> u64 {
-    segment.map_or(size_bytes, |(start, end)| end - start)
 }
