@@ -122,6 +122,11 @@ class IndexLayout:
         return math.ceil(self.records / self.every)
 
     @property
+    def header(self) -> bytes:
+        """The index object's first bytes."""
+        return HEADER.pack(MAGIC, self.records, self.size_bytes, self.every)
+
+    @property
     def object_size(self) -> int:
         return HEADER.size + ENTRY_BYTES * self.entries
 
@@ -218,8 +223,7 @@ class ShardIndex:
         return IndexLayout(self.records, self.size_bytes)
 
     def to_bytes(self) -> bytes:
-        header = HEADER.pack(MAGIC, self.records, self.size_bytes, self.layout.every)
-        return header + array("q", self.offsets).tobytes()
+        return self.layout.header + array("q", self.offsets).tobytes()
 
     @classmethod
     def parse(cls, data: bytes, records: int, size_bytes: int) -> ShardIndex:

@@ -20,7 +20,7 @@ from syvain_training_data.loading.reader import ShardRange, consumer_records
 from syvain_training_data.loading.shard_indexes import ShardIndexes
 from syvain_training_data.loading.stats import PUBLISH_MASK, ConsumerSlots
 from syvain_training_data.manifest import DataManifestDataFormat, ManifestShard
-from syvain_training_data.shard import BATCH_RECORDS, iter_shard, read_records
+from syvain_training_data.shard import BATCH_RECORDS, BATCH_ROWS, iter_shard, read_records
 from syvain_training_data.storage import StorageConfig
 
 __all__ = ["ShardDataset", "ShardTable"]
@@ -214,6 +214,12 @@ class ShardDataset(IterableDataset[Any]):
         """Records decoded at a time per range read: a seeded worker reads a window's blocks
         at once, so it holds a window's worth of these."""
         return BLOCK_READ_RECORDS if self.selection.seed is not None else BATCH_RECORDS
+
+    @property
+    def batch_rows(self) -> int:
+        """Rows per Arrow batch of a columnar range read (``columns=``, tokens), as
+        ``read_batch`` for records."""
+        return BLOCK_READ_RECORDS if self.selection.seed is not None else BATCH_ROWS
 
     @property
     def readahead(self) -> int | None:

@@ -295,8 +295,6 @@ _seeded = seeded
 class StreamOrder:
     """One stream's unseeded epoch order: its shards' records in manifest order."""
 
-    window = 0
-
     def __init__(self, counts: Sequence[int]) -> None:
         self.counts = counts
         self.offsets = array.array("q", [0, *itertools.accumulate(counts)])

@@ -18,7 +18,6 @@ from syvain_training_data.errors import StorageError, StorageRetryExhaustedError
 from syvain_training_data.formats.shard_index import (
     HEADER,
     INDEX_SUFFIX,
-    MAGIC,
     IndexLayout,
     Segment,
 )
@@ -52,8 +51,7 @@ def has_index(shard: ManifestShard, storage_config: StorageConfig | None) -> boo
         raise
     except (FileNotFoundError, PermissionError, StorageError):
         return False
-    expected = HEADER.pack(MAGIC, shard.records, shard.size_bytes, layout.every)
-    return header == expected
+    return header == layout.header
 
 
 class ShardIndexes:

@@ -24,11 +24,11 @@ from syvain_training_data import _native
 from syvain_training_data._native import ShardBatch
 from syvain_training_data.loading.bundles import BUNDLE_BATCHES, Bundle, as_is, bundled, in_turn
 from syvain_training_data.loading.dataloader import SyvainDataLoader
-from syvain_training_data.loading.dataset import BLOCK_READ_RECORDS, ShardDataset
+from syvain_training_data.loading.dataset import ShardDataset
 from syvain_training_data.loading.reader import ShardRange
 from syvain_training_data.loading.shard_indexes import ShardIndexes
 from syvain_training_data.loading.transfer import BatchRing, for_transfer
-from syvain_training_data.shard import BATCH_ROWS, iter_shard_batches
+from syvain_training_data.shard import iter_shard_batches
 
 __all__ = ["ColumnDataLoader", "ColumnDataset", "TensorCollate", "int_lists", "lengths_key"]
 
@@ -112,7 +112,7 @@ class ColumnDataset(ShardDataset):
             shard,
             columns=self.columns,
             storage_config=self.storage_config,
-            batch_size=BATCH_ROWS if self.selection.seed is None else BLOCK_READ_RECORDS,
+            batch_size=self.batch_rows,
             start=start,
             stop=stop,
             index=self.range_segment(shard, start, stop, indexes),

@@ -36,13 +36,13 @@ from syvain_training_data.loading.bundles import (
     in_turn,
 )
 from syvain_training_data.loading.dataloader import STATE_VERSION, EpochLoader
-from syvain_training_data.loading.dataset import BLOCK_READ_RECORDS, ShardDataset
+from syvain_training_data.loading.dataset import ShardDataset
 from syvain_training_data.loading.reader import ShardRange, consumer_records
 from syvain_training_data.loading.shard_indexes import ShardIndexes
 from syvain_training_data.loading.stats import PUBLISH_MASK
 from syvain_training_data.loading.tensors import int_lists
 from syvain_training_data.loading.transfer import BatchRing, tensor_for_transfer
-from syvain_training_data.shard import BATCH_ROWS, iter_shard_batches
+from syvain_training_data.shard import iter_shard_batches
 
 __all__ = ["TokenDataLoader", "TokenDataset", "TokenPacker", "merge_token_states"]
 
@@ -250,7 +250,7 @@ class TokenDataset(ShardDataset):
             shard,
             columns=[self.column],
             storage_config=self.storage_config,
-            batch_size=BATCH_ROWS if self.selection.seed is None else BLOCK_READ_RECORDS,
+            batch_size=self.batch_rows,
             start=start,
             stop=stop,
             index=self.range_segment(shard, start, stop, indexes),
