@@ -7,6 +7,12 @@ the local directory store. Cases, each at 0 and 2 DataLoader workers (fork), bes
 - ``dict``: ``load`` with a collate_fn that turns each batch's token lists into one int64
   tensor (``torch.tensor``) - the record path.
 - ``load_tokens``: packed (batch, seq_len) int64 blocks.
+- ``documents``, ``pack=False``: ``load_tokens`` with ``documents=True`` (a positions tensor
+  beside the tokens), and with one record per row padded to seq_len (rate in the records'
+  tokens, padding not counted); each against ``load_tokens``.
+- ``loss_mask``: ``load_tokens(loss_mask_column="mask")`` over a second copy of the records
+  that holds a 0/1 mask per token, against ``load_tokens masked set``: plain ``load_tokens``
+  over that same copy.
 - ``columns``: ``load(columns=["tokens"])``, padded tensors built in the worker.
 - ``load_tokens steady``: one loader (with persistent workers), timed from its second pass on:
   the rate of a long run, without the workers' start (fork, first shard opens) that weighs on
@@ -54,13 +60,17 @@ def documents(count: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(50_000) for _ in range(rng.randint(256, 2048))] for _ in range(count)]
 
 
-def write_dataset(root: str, docs: list[list[int]]) -> str:
+def write_dataset(root: str, docs: list[list[int]], masked: bool = False) -> str:
     client = SyvainTrainingData()
-    uri = f"file://{root}/tokens/data-manifest.json"
+    name = "masked" if masked else "tokens"
+    uri = f"file://{root}/{name}/data-manifest.json"
     saver = client.dataset_saver(uri, data_format="msgpack.zstf")
     per = -(-len(docs) // SHARDS)
     for shard in range(SHARDS):
-        records = [{"tokens": d} for d in docs[shard * per : (shard + 1) * per]]
+        records = [
+            {"tokens": d, "mask": [t & 1 for t in d]} if masked else {"tokens": d}
+            for d in docs[shard * per : (shard + 1) * per]
+        ]
         saver.save("train", None, records, shard_id=f"{shard:03d}")
     saver.commit_manifest()
     return uri
@@ -85,7 +95,7 @@ def steady_rate(loader: Any, count_tokens: Any, repeat: int) -> tuple[float, int
     return timed(lambda: loader, count_tokens, repeat)
 
 
-def ours(uri: str, workers: int, repeat: int) -> dict[str, tuple[float, int]]:
+def ours(uri: str, masked_uri: str, workers: int, repeat: int) -> dict[str, tuple[float, int]]:
     client = SyvainTrainingData()
     args: dict[str, Any] = {"batch_size": BATCH, "num_workers": workers}
     if workers:
@@ -119,6 +129,32 @@ def ours(uri: str, workers: int, repeat: int) -> dict[str, tuple[float, int]]:
         ),
         "load_tokens": timed(
             lambda: token_loader.load_tokens("train", seq_len=SEQ_LEN), torch.numel, repeat
+        ),
+        **channel_cases(token_loader, client.split_data_loader(masked_uri, None, args), repeat),
+    }
+
+
+def channel_cases(token_loader: Any, masked_loader: Any, repeat: int) -> dict[str, Any]:
+    """``load_tokens`` with positions, with one record per row, and with a loss mask (over
+    the masked copy, beside plain ``load_tokens`` over it)."""
+    return {
+        "documents": timed(
+            lambda: token_loader.load_tokens("train", seq_len=SEQ_LEN, documents=True),
+            lambda b: b["tokens"].numel(),
+            repeat,
+        ),
+        "pack=False": timed(
+            lambda: token_loader.load_tokens("train", seq_len=SEQ_LEN, pack=False, pad_id=0),
+            lambda b: int(b["lengths"].sum()),
+            repeat,
+        ),
+        "load_tokens masked set": timed(
+            lambda: masked_loader.load_tokens("train", seq_len=SEQ_LEN), torch.numel, repeat
+        ),
+        "loss_mask": timed(
+            lambda: masked_loader.load_tokens("train", seq_len=SEQ_LEN, loss_mask_column="mask"),
+            lambda b: b["tokens"].numel(),
+            repeat,
         ),
     }
 
@@ -262,6 +298,7 @@ def main() -> None:
     summary: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as root:
         uri = write_dataset(root, docs)
+        masked_uri = write_dataset(root, docs, masked=True)
         found = floor(uri, total, options.repeat)
         if found is not None:
             summary["floor"] = found[0]
@@ -269,7 +306,7 @@ def main() -> None:
                 json.dumps({"case": "floor", "tokens_per_s": round(found[0]), "tokens": found[1]})
             )
         for workers in (0, 2):
-            for case, (rate, tokens) in ours(uri, workers, options.repeat).items():
+            for case, (rate, tokens) in ours(uri, masked_uri, workers, options.repeat).items():
                 summary[f"{case}@{workers}"] = rate
                 print(
                     json.dumps(
@@ -307,6 +344,14 @@ def main() -> None:
         base = summary[f"dict@{workers}"]
         for case in ("load_tokens", "columns"):
             ratios[f"{case}/dict@{workers}"] = round(summary[f"{case}@{workers}"] / base, 2)
+        for case, base_case in (
+            ("documents", "load_tokens"),
+            ("pack=False", "load_tokens"),
+            ("loss_mask", "load_tokens masked set"),
+        ):
+            ratios[f"{case}/{base_case}@{workers}"] = round(
+                summary[f"{case}@{workers}"] / summary[f"{base_case}@{workers}"], 2
+            )
         if f"litdata@{workers}" in summary:
             for case in ("load_tokens", "columns"):
                 ratios[f"{case}/litdata@{workers}"] = round(

@@ -22,8 +22,8 @@ torch = pytest.importorskip("torch")
 
 from syvain_training_data import SyvainTrainingData  # noqa: E402
 from syvain_training_data.loading import plan  # noqa: E402
-from syvain_training_data.loading import tokens as token_loading  # noqa: E402
-from syvain_training_data.loading.tokens import TokenPacker, merge_token_states  # noqa: E402
+from syvain_training_data.loading.packing import TokenPacker  # noqa: E402
+from syvain_training_data.loading.tokens import merge_token_states  # noqa: E402
 
 FORMATS = ["msgpack.zstf", "jsonl.gz", "parquet"]
 
@@ -333,51 +333,6 @@ def test_a_gloo_group_gathers_every_rank_position(local_sets, tmp_path):
     rest, _ = run(client, uri, 3, 0, 2, 8, state=state, seed=2)
     first = [t for result in results for t in result["tokens"]]
     assert_exactly_once(first + tokens_of(rest), documents, 5 * 7)
-
-
-def test_packer_positions_follow_the_tokens():
-    packer = TokenPacker(seq_len=3, batch_size=2)
-    out = list(packer.add(0, 0, torch.arange(4), [4]))
-    assert out == []
-    ((batch, whole, offset),) = packer.add(1, 2, torch.arange(10, 14), [4])
-    assert batch.tolist() == [[0, 1, 2], [3, 10, 11]] and (whole, offset) == (1, 4)
-    assert list(packer.add(2, 0, torch.tensor([20]), [1])) == []
-    ((last, whole, offset),) = packer.finish(drop_last=False)
-    assert last.tolist() == [[12, 13, 20]] and (whole, offset) == (3, 0)
-    assert list(TokenPacker(3, 2).finish(drop_last=False)) == []
-    dropped = TokenPacker(3, 2)
-    assert list(dropped.add(0, 0, torch.arange(5), [5])) == []
-    assert list(dropped.finish(drop_last=True)) == []
-
-
-@pytest.mark.parametrize("eos_id", [None, 7])
-@pytest.mark.parametrize("seed", range(6))
-def test_a_run_packs_as_its_records_one_by_one(seed, eos_id):
-    # A decoded batch goes to the packer as one run; the batches and the position after each
-    # must be those of its records added one at a time (empty records and eos included).
-    rng = random.Random(seed)
-    lengths = [rng.choice([0, 1, 2, 5, 9]) for _ in range(rng.randint(1, 30))]
-    bounds = [0]
-    for n in lengths:
-        bounds.append(bounds[-1] + n)
-    values = torch.arange(100, 100 + bounds[-1])
-    seq_len, batch = rng.randint(1, 4), rng.randint(1, 3)
-    cut = token_loading._Cut({}, 0, [(0, len(lengths))])
-
-    def packed(pieces):
-        return [(b.tolist(), whole, offset) for b, whole, offset in pieces]
-
-    one_run, one_by_one = TokenPacker(seq_len, batch), TokenPacker(seq_len, batch)
-    split = rng.randint(1, len(lengths))  # two runs: the first ends where a record does
-    runs = packed(token_loading._pack_run(one_run, 3, values, bounds[: split + 1], eos_id))
-    runs += packed(token_loading._pack_run(one_run, 3 + split, values, bounds[split:], eos_id))
-    runs += packed(one_run.finish(drop_last=False))
-    records = packed(token_loading._pack_records(one_by_one, 3, values, bounds, eos_id, cut))
-    records += packed(one_by_one.finish(drop_last=False))
-    assert runs == records
-    assert sum(len(b) * seq_len for b, _, _ in runs) == (
-        (bounds[-1] + len(lengths) * (eos_id is not None)) // seq_len * seq_len
-    )
 
 
 def test_token_layout_cuts_carry_through_a_chain():

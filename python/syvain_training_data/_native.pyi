@@ -161,6 +161,18 @@ def get_storage_policy() -> dict[str, float]: ...
 # label k counts[k] times), fixed forever for a given (counts, seed).
 def interleave(counts: Sequence[int], seed: int) -> bytes: ...
 
+# rust/binding/src/token_rows.rs: token batches written in place (load_tokens).
+def fill_token_rows(
+    values: Any,
+    bounds: Sequence[int],
+    out: Any,
+    seq_len: int,
+    pad: int,
+    eos: int | None = None,
+) -> None: ...
+def fill_mask_rows(mask: Any, bounds: Sequence[int], out: Any, seq_len: int, eos: bool) -> None: ...
+def fill_positions(out: Any, starts: Sequence[int], firsts: Sequence[int]) -> None: ...
+
 # rust/binding/src/upload.rs: streaming uploads for the saver.
 SINGLE_PUT_MAX: int
 MULTIPART_THRESHOLD: int

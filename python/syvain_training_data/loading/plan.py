@@ -11,7 +11,8 @@ Terms:
   interleaved ``window`` blocks at a time, drawn from (seed, epoch) (``block_order``).
   Position p of the order names one record; without a seed the order is the manifest's.
 - *mixed order*: several streams merged by a key per record, ``(i + phase_s) / share_s`` for the
-  stream's i-th record, so each stream keeps its share of every stretch of the order.
+  stream's i-th record, so each stream keeps its share of every stretch of the order. A mixture
+  schedule changes the shares along the order, segment by segment (``loading.schedule``).
 - *level*: the positions a pass runs over. Level 0 is the whole epoch; a resume adds a level
   that holds what the interrupted run had not consumed, in epoch order.
 - *consumer*: one (rank, worker). Ranks take contiguous parts of a level whose sizes differ by at
@@ -23,15 +24,19 @@ from __future__ import annotations
 import array
 import bisect
 import hashlib
+import heapq
 import itertools
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from syvain_training_data.loading import state as checks
 from syvain_training_data.loading.block_order import DEFAULT_WINDOW_BLOCKS, BlockOrder, seeded
+
+if TYPE_CHECKING:
+    from syvain_training_data.loading.schedule import ScheduledOrder
 
 __all__ = [
     "DEFAULT_WINDOW",
@@ -209,8 +214,11 @@ def beyond_bounds(topologies: Sequence[Topology]) -> str | None:
 class Selection:
     """What a loader reads and how it orders it: per stream, the record count of each of its
     shards; mixing weights (None: one stream); the seed and shuffle window (in blocks); equal
-    batches. ``identity`` names the shards themselves (a digest of their URIs), so a state
-    saved for one selection is refused by another. ``blocks``: per stream, the records per
+    batches. ``schedule``: mixing weights that change along the order, as (position, weights)
+    entries (``loading.schedule``; ``weights`` is then its first entry's); the fingerprint
+    names a schedule without its entries, so a state resumes with an edited schedule (the loader
+    compares the two). ``identity`` names the shards themselves (a digest of their URIs), so a
+    state saved for one selection is refused by another. ``blocks``: per stream, the records per
     block of each shard (None: whole shards); ``indexed``: the shards have record offset
     indexes to read ranges with (it changes bytes fetched, never the order)."""
 
@@ -223,12 +231,18 @@ class Selection:
     identity: str = ""
     blocks: tuple[tuple[int, ...], ...] | None = None
     indexed: bool = False
+    schedule: tuple[tuple[int, tuple[float, ...]], ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.streams:
             raise ValueError("A selection needs at least one stream")
         if self.weights is not None and len(self.weights) != len(self.streams):
             raise ValueError("One mixing weight per stream")
+        if self.schedule is not None and (
+            self.weights != self.schedule[0][1]
+            or any(len(weights) != len(self.streams) for _, weights in self.schedule)
+        ):
+            raise ValueError("A schedule's first weights are the selection's, one per stream")
         if self.mix_stop not in MIX_STOPS:
             raise ValueError(f"mixing_stop must be one of {', '.join(MIX_STOPS)}")
         if self.blocks is not None and [len(b) for b in self.blocks] != [
@@ -244,11 +258,16 @@ class Selection:
             digest.update(b"/")
         # v3 is the seeded block order; an unseeded order is v2's, so its states still load.
         version = "syvain-loader-plan-v2" if self.seed is None else "syvain-loader-plan-v3"
+        mixing: str | list[str] | None = None
+        if self.schedule is not None:  # not its entries: the loader compares schedules
+            mixing = "schedule"
+        elif self.weights is not None:
+            mixing = [repr(w) for w in self.weights]
         text = json.dumps(
             [
                 version,
                 digest.hexdigest(),
-                None if self.weights is None else [repr(w) for w in self.weights],
+                mixing,
                 self.mix_stop,
                 self.seed,
                 self.window,
@@ -273,9 +292,13 @@ class Selection:
     def totals(self) -> list[int]:
         return [sum(counts) for counts in self.streams]
 
-    def mixed(self, epoch: int) -> MixedOrder | None:
+    def mixed(self, epoch: int) -> MixedOrder | ScheduledOrder | None:
         if self.weights is None:
             return None
+        if self.schedule is not None:
+            from syvain_training_data.loading.schedule import scheduled_order
+
+            return scheduled_order(self, epoch)
         return MixedOrder(self.totals(), self.weights, self.mix_stop, self.seed, epoch)
 
 
@@ -323,7 +346,8 @@ class MixedOrder:
 
     Shares are the normalised weights and phases are drawn from (seed, epoch), so every stretch of
     the mixed order holds each stream in proportion to its weight. ``first_exhausted`` ends the
-    order before the first key a stream cannot fill; ``all_exhausted`` keeps every record."""
+    order before the first key a stream cannot fill; ``all_exhausted`` keeps every record.
+    ``phases`` given replace the drawn ones (a schedule's later segments continue the draws)."""
 
     def __init__(
         self,
@@ -332,12 +356,15 @@ class MixedOrder:
         mix_stop: str,
         seed: int | None,
         epoch: int,
+        phases: Sequence[float] | None = None,
     ) -> None:
         total_weight = math.fsum(weights)
         self.lengths = list(lengths)
         self.shares = [weight / total_weight for weight in weights]
-        draw = _seeded(seed, epoch, "mix")
-        self.phases = [draw.random() for _ in lengths]
+        if phases is None:
+            draw = _seeded(seed, epoch, "mix")
+            phases = [draw.random() for _ in lengths]
+        self.phases = list(phases)
         if mix_stop == "all_exhausted":
             self.length = sum(self.lengths)
             self._end: tuple[float, int] | None = None
@@ -393,6 +420,16 @@ class MixedOrder:
             counts[s] += take
             missing -= take
         return counts
+
+    def labels(self, start: int, stop: int) -> Iterator[int]:
+        """The stream of each mixed position in [start, stop), in order."""
+        low, high = self.prefix(start), self.prefix(stop)
+
+        def keys(stream: int) -> Iterator[tuple[float, int]]:
+            return ((self.key(stream, i), stream) for i in range(low[stream], high[stream]))
+
+        for _, s in heapq.merge(*map(keys, range(len(self.lengths)))):
+            yield s
 
 
 class Level:
@@ -710,13 +747,20 @@ def token_layout(
     interrupts: Sequence[TokenInterrupt],
     topology: Topology,
     rank: int | None = None,
+    boundaries: Sequence[int] | None = None,
 ) -> tuple[Layout, dict[int, int]]:
     """``run_layout`` for token passes: (who reads which epoch intervals, and per epoch position
     of a record earlier runs consumed in part, the token its rest starts at).
 
     A run on a new topology splits the unconsumed records evenly; a run on the interrupted
     run's topology gives each worker one old worker's rest, rotated by the turn that was next:
-    block for block the uninterrupted run."""
+    block for block the uninterrupted run.
+
+    ``boundaries`` (a mixture schedule's segments: 0, ..., ``epoch_length``, ascending): a run
+    on a new topology sorts what is left, cuts it at the boundaries and gives every consumer its
+    even share of each segment's piece, segment after segment, so that all consumers cross a
+    boundary together; each part is then ascending. [0, epoch_length] alone splits as without
+    boundaries (what is left is then already ascending)."""
     topologies = [interrupt.topology for interrupt in interrupts] + [topology]
     level = Level([(0, epoch_length)])
     layout: Layout = {}
@@ -737,9 +781,35 @@ def token_layout(
                     for r in ranks
                 }
                 continue
-            level = Level([i for r in sorted(rests) for rest in rests[r] for i in rest])
-        layout = {
-            r: [level.slice(start, stop) for start, stop in _worker_parts(level, current, r)]
-            for r in ranks
-        }
+            left = [i for r in sorted(rests) for rest in rests[r] for i in rest]
+            level = Level(left if boundaries is None else sorted(left))
+        pieces = None if boundaries is None else _segment_pieces(level, boundaries)
+        layout = {r: _token_parts(level, pieces, current, r) for r in ranks}
     return layout, cuts
+
+
+def _segment_pieces(level: Level, boundaries: Sequence[int]) -> list[Level]:
+    """The positions of ``level`` (ascending) inside each segment [boundaries[j],
+    boundaries[j + 1])."""
+    pieces: list[list[tuple[int, int]]] = [[] for _ in boundaries[1:]]
+    for start, stop in level.intervals:
+        j = min(bisect.bisect_right(boundaries, start) - 1, len(pieces) - 1)
+        while start < stop:
+            end = stop if j + 1 == len(pieces) else min(stop, boundaries[j + 1])
+            pieces[j].append((start, end))
+            start, j = end, j + 1
+    return [Level(piece) for piece in pieces]
+
+
+def _token_parts(
+    level: Level, pieces: list[Level] | None, topology: Topology, rank: int
+) -> list[list[tuple[int, int]]]:
+    """Per worker of ``rank``, its epoch intervals: its even part of ``level``, or of each
+    segment's piece in turn."""
+    if pieces is None:
+        return [level.slice(start, stop) for start, stop in _worker_parts(level, topology, rank)]
+    parts: list[list[tuple[int, int]]] = [[] for _ in range(topology.workers)]
+    for piece in pieces:
+        for worker, (start, stop) in enumerate(_worker_parts(piece, topology, rank)):
+            parts[worker] += piece.slice(start, stop)
+    return [Level(part).intervals for part in parts]

@@ -9,7 +9,6 @@ interleaving (``block_order``), so a worker holds a window's read buffers, never
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -17,6 +16,7 @@ from typing import Any
 
 from syvain_training_data.loading.block_order import Window, window_counts
 from syvain_training_data.loading.plan import MixedOrder, Order, StreamOrder
+from syvain_training_data.loading.schedule import ScheduledOrder
 
 __all__ = ["ShardRange", "consumer_records"]
 
@@ -132,13 +132,15 @@ def _short() -> Iterator[Any]:
 def consumer_records(
     orders: Sequence[Order],
     shard_ids: Sequence[Sequence[int]],
-    mixed: MixedOrder | None,
+    mixed: MixedOrder | ScheduledOrder | None,
     intervals: Sequence[tuple[int, int]],
     open_range: OpenRange,
 ) -> Iterator[Any]:
     """The records of epoch ``intervals`` (mixed positions when ``mixed``), in epoch order.
 
-    ``shard_ids[s][k]`` is the table index of stream s's k-th shard."""
+    ``shard_ids[s][k]`` is the table index of stream s's k-th shard. Each stream's records of
+    an interval are contiguous in its order; ``mixed.labels`` says which stream each position
+    takes."""
     if mixed is None:
         yield from _stream_records(orders[0], shard_ids[0], intervals, open_range)
         return
@@ -152,11 +154,6 @@ def consumer_records(
         )
         for s, order in enumerate(orders)
     ]
-
-    def keys(stream: int, start: int, stop: int) -> Iterator[tuple[float, int]]:
-        return ((mixed.key(stream, i), stream) for i in range(start, stop))
-
-    for low, high in bounds:
-        merged = heapq.merge(*(keys(s, low[s], high[s]) for s in range(len(orders))))
-        for _, s in merged:
+    for start, stop in intervals:
+        for s in mixed.labels(start, stop):
             yield next(streams[s])

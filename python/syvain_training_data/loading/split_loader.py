@@ -23,8 +23,10 @@ except ModuleNotFoundError as error:  # pragma: no cover - exercised without the
 
 from syvain_training_data.formats.shard_index import block_records
 from syvain_training_data.loading import plan
+from syvain_training_data.loading import schedule as schedules
 from syvain_training_data.loading.dataloader import SyvainDataLoader, endless
 from syvain_training_data.loading.dataset import ShardDataset, ShardTable, stream_tables
+from syvain_training_data.loading.packing import TRUNCATE_MODES, RowOptions
 from syvain_training_data.loading.selection import select_shards
 from syvain_training_data.loading.shard_indexes import has_index
 from syvain_training_data.loading.tensors import ColumnDataLoader, ColumnDataset, TensorCollate
@@ -73,6 +75,19 @@ def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
     return rank, world_size
+
+
+def _row_options(pack: bool, pad_id: int | None, truncate: str) -> RowOptions | None:
+    """``load_tokens``' row-per-record options (None: packed blocks), checked."""
+    if truncate not in TRUNCATE_MODES:
+        raise ValueError(f"truncate must be one of {', '.join(TRUNCATE_MODES)}, got {truncate!r}")
+    if pack:
+        if pad_id is not None:
+            raise ValueError("pad_id is for pack=False (packed blocks have no padding)")
+        return None
+    if pad_id is None:
+        raise ValueError("pack=False needs pad_id, the token that pads rows to seq_len")
+    return RowOptions(_check_index(pad_id, "pad_id"), truncate)
 
 
 MIN_MIXING_SHARE: Final = 2.0**-128
@@ -220,10 +235,19 @@ class SplitDataLoader:
         shuffle_buffer: int | None,
         mixing_weights: Mapping[str, float] | str | None,
         mixing_stop: str,
+        mixing_schedule: object = None,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The dataset's arguments (all but ``batch_size`` and ``drop_last``: the format,
         shard table, selection, per stream its shards, storage, rank and world_size) and the
         DataLoader's of a ``load`` call; raises its ValueErrors."""
+        pairs = None
+        if mixing_schedule is not None:
+            if mixing_weights is not None:
+                raise ValueError("Pass mixing_weights or mixing_schedule, not both")
+            pairs = schedules.entries(mixing_schedule)
+            stages_given = curriculum_stage is not None or curriculum_stages is not None
+            if not stages_given and isinstance(pairs[0][1], Mapping):
+                curriculum_stages = list(pairs[0][1])
         if (
             mixing_weights is not None
             and curriculum_stages is None
@@ -237,8 +261,17 @@ class SplitDataLoader:
                 check_shard_scheme(
                     self.manifest_uri, shard.uri, allow_mixed_schemes=self.allow_mixed_schemes
                 )
-        weights = None
-        if mixing_weights is not None:
+        weights = schedule = None
+        if pairs is not None:
+            if curriculum_stages is None:
+                raise ValueError("mixing_schedule needs curriculum_stages (the stages to mix)")
+            if mixing_stop not in plan.MIX_STOPS:
+                raise ValueError(f"mixing_stop must be one of {', '.join(plan.MIX_STOPS)}")
+            schedule = schedules.resolved(
+                pairs, lambda entry: self._mixing_weights(split, stages, entry)
+            )
+            weights = schedule[0][1]
+        elif mixing_weights is not None:
             if curriculum_stages is None:
                 raise ValueError("mixing_weights needs curriculum_stages (the stages to mix)")
             if mixing_stop not in plan.MIX_STOPS:
@@ -268,6 +301,7 @@ class SplitDataLoader:
             identity=table.identity(),
             blocks=_block_sizes(table, stream_shards) if indexed and seed is not None else None,
             indexed=indexed,
+            schedule=schedule,
         )
         args = dict(self.dataloader_args)
         # A worker beyond a rank's records would only idle.
@@ -434,8 +468,14 @@ class SplitDataLoader:
         shuffle_buffer: int | None = None,
         stateful: bool = False,
         mixing_weights: Mapping[str, float] | str | None = None,
+        mixing_schedule: Sequence[tuple[int, Mapping[str, float] | str]] | None = None,
         mixing_stop: str = "first_exhausted",
         log_stats_every: float | None = None,
+        documents: bool = False,
+        loss_mask_column: str | None = None,
+        pack: bool = True,
+        pad_id: int | None = None,
+        truncate: str = "right",
     ) -> Any:
         """Packed token blocks: a DataLoader of int64 tensors of shape (batch_size, seq_len)
         (with ``infinite_iter``, an endless iterator of them). ``collate_fn`` is not used.
@@ -455,9 +495,45 @@ class SplitDataLoader:
         :func:`~syvain_training_data.loading.tokens.merge_token_states`. ``stats()`` and
         ``log_stats_every`` are :meth:`load`'s.
 
+        ``mixing_schedule=[(0, {"web": 3, "code": 1}), (800_000, {"web": 1, "code": 3})]``:
+        mixing weights that change along the epoch. Each entry's weights (a mapping or
+        "metadata", as ``mixing_weights``; every entry names the same stages, and its keys are
+        the stages when ``curriculum_stages`` is not given) hold from its position, in records
+        of the epoch's mixed order counted across all ranks, until the next entry's; within
+        each segment every stage keeps its share of every stretch, as with ``mixing_weights``
+        (the one-entry case: same order). At most 64 entries, the first at 0, positions
+        strictly ascending; not with ``mixing_weights``. Ranks and workers take an even share
+        of each segment in turn, so they all cross a boundary together. A state resumes with
+        a schedule edited after the positions its runs consumed (the rest of the epoch follows
+        the new weights, laid out as the state's run was; records a new first_exhausted end
+        adds beyond that layout's length wait for the next epoch); an edit at or before them
+        is a ValueError naming the first difference. States of ``mixing_weights`` loaders
+        resume a schedule whose first entry has the same weights.
+
+        Batches are dicts instead of tensors when any of these is given (every one keeps the
+        columnar path, the batch ring and exact resume):
+
+        - ``documents=True``: ``"positions"``, (batch, seq_len) int64, each token's index in
+          its document (record): 0 at a document's first token, counting on where a document
+          continues from the previous block; an ``eos_id`` belongs to the document it ends.
+          :func:`~syvain_training_data.loading.documents.cu_seqlens` turns it into
+          flash-attention's variable-length arguments.
+        - ``loss_mask_column="mask"``: ``"loss_mask"``, (batch, seq_len) bool, packed from each
+          record's ``mask`` (a list of 0/1 ints as long as its tokens); an appended ``eos_id``
+          has mask 1.
+        - ``pack=False``: one record per row instead of packed blocks, truncated to ``seq_len``
+          (``truncate="right"``) or refused (``truncate="error"``, ValueError naming the shard
+          and record) and right-padded with ``pad_id`` (required); ``"lengths"``, (batch,)
+          int64, holds each row's tokens before padding. Padding has mask 0 and positions that
+          count on (one sequence per row). States of ``pack=False`` loaders resume only
+          ``pack=False`` loaders.
+
         Raises:
-            ValueError: the errors of :meth:`load`; ``seq_len`` not a positive int; a record
-                without ``column`` or whose ``column`` is not a list of ints (when read).
+            ValueError: the errors of :meth:`load`; ``seq_len`` not a positive int; ``pad_id``
+                missing with ``pack=False`` or given without it; an unknown ``truncate``; a
+                record without ``column`` or whose ``column`` is not a list of ints, or whose
+                loss mask is not a list of 0/1 of its tokens' length (when read, naming the
+                shard and record).
         """
         del stateful  # every loader is stateful
         from syvain_training_data.loading.tokens import TokenDataLoader, TokenDataset
@@ -467,6 +543,14 @@ class SplitDataLoader:
             raise ValueError(f"seq_len must be at least 1, got {seq_len}")
         if eos_id is not None:
             eos_id = _check_index(eos_id, "eos_id")
+        rows = _row_options(pack, pad_id, truncate)
+        if loss_mask_column is not None and (
+            not isinstance(loss_mask_column, str) or loss_mask_column == column
+        ):
+            raise ValueError(
+                f"loss_mask_column must be a column name other than the token column {column!r}, "
+                f"got {loss_mask_column!r}"
+            )
         planned, args = self._plan(
             split,
             curriculum_stage,
@@ -478,6 +562,7 @@ class SplitDataLoader:
             shuffle_buffer=shuffle_buffer,
             mixing_weights=mixing_weights,
             mixing_stop=mixing_stop,
+            mixing_schedule=mixing_schedule,
         )
         batch_size = args.pop("batch_size", 1)
         batch_size = 1 if batch_size is None else _check_index(batch_size, "batch_size")
@@ -489,6 +574,9 @@ class SplitDataLoader:
             column=column,
             seq_len=seq_len,
             eos_id=eos_id,
+            documents=bool(documents),
+            mask_column=loss_mask_column,
+            rows=rows,
         )
         loader = TokenDataLoader(dataset, log_stats_every=log_stats_every, **args)
         if infinite_iter:

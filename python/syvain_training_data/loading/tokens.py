@@ -15,17 +15,19 @@ each worker, and ``state_dict`` holds those positions (never tokens).
 from __future__ import annotations
 
 import bisect
-import collections
+import copy
+import dataclasses
 import hashlib
 import itertools
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch.utils.data import get_worker_info
 
 from syvain_training_data.loading import plan
+from syvain_training_data.loading import schedule as schedules
 from syvain_training_data.loading import state as checks
 from syvain_training_data.loading.bundles import (
     BUNDLE_BATCHES,
@@ -37,111 +39,29 @@ from syvain_training_data.loading.bundles import (
 )
 from syvain_training_data.loading.dataloader import STATE_VERSION, EpochLoader
 from syvain_training_data.loading.dataset import ShardDataset
+from syvain_training_data.loading.packing import (
+    Cut,
+    Records,
+    RowOptions,
+    RowPacker,
+    TokenChannels,
+    TokenPacker,
+    loss_mask,
+    pack_records,
+    pack_run,
+)
 from syvain_training_data.loading.reader import ShardRange, consumer_records
 from syvain_training_data.loading.shard_indexes import ShardIndexes
 from syvain_training_data.loading.stats import PUBLISH_MASK
 from syvain_training_data.loading.tensors import int_lists
-from syvain_training_data.loading.transfer import BatchRing, tensor_for_transfer
+from syvain_training_data.loading.transfer import BatchRing, for_transfer
 from syvain_training_data.shard import iter_shard_batches
 
-__all__ = ["TokenDataLoader", "TokenDataset", "TokenPacker", "merge_token_states"]
+__all__ = ["TokenDataLoader", "TokenDataset", "merge_token_states"]
 
 STATE_KIND = "tokens"
 # (batch, worker, records wholly consumed, tokens of the next record consumed)
 _Tagged = tuple[torch.Tensor, int, int, int]
-
-
-class _Run:
-    """Tokens of consecutive records held by a packer: records ``first``, ``first + 1``, ...
-    from token ``offset`` of the first on; ``ends[i]`` is where record ``first + i`` ends in
-    ``tokens`` (the run may stop inside its last record, which then has no end). ``taken``
-    tokens of it have gone into batches."""
-
-    __slots__ = ("ends", "first", "offset", "taken", "tokens")
-
-    def __init__(self, first: int, offset: int, tokens: torch.Tensor, ends: list[int]) -> None:
-        self.first, self.offset, self.tokens, self.ends = first, offset, tokens, ends
-        self.taken = 0
-
-    def position(self, at: int) -> tuple[int, int]:
-        """(records wholly consumed, tokens of the next consumed) after token ``at``."""
-        ends = self.ends
-        k = bisect.bisect_left(ends, at)
-        if k < len(ends) and ends[k] == at:
-            return self.first + k + 1, 0
-        if k == 0:
-            return self.first, self.offset + at
-        return self.first + k, at - ends[k - 1]
-
-
-class TokenPacker:
-    """Cuts a stream of token runs into batches of ``batch_size`` blocks of ``seq_len``.
-
-    A run is the tokens of consecutive records of the consumer's part (a decoded batch's token
-    column is one); each batch comes with the position after its last token. In a DataLoader
-    worker a batch is built in a slot of ``ring`` when one is free (it then travels without a
-    copy)."""
-
-    def __init__(self, seq_len: int, batch_size: int, ring: BatchRing | None = None) -> None:
-        self.seq_len = seq_len
-        self.batch_tokens = seq_len * batch_size
-        self._ring = ring
-        self._runs: collections.deque[_Run] = collections.deque()
-        self._held = 0
-
-    def add(
-        self, first: int, offset: int, tokens: torch.Tensor, ends: list[int]
-    ) -> Iterator[tuple[torch.Tensor, int, int]]:
-        """Adds the tokens of records ``first``, ``first + 1``, ... from token ``offset`` of the
-        first on; ``ends[i]`` is where record ``first + i`` ends in ``tokens``, ascending. A run
-        that stops inside its last record (an ``eos_id`` may follow as a run of its own) has no
-        end for it."""
-        count = tokens.shape[0]
-        if count == 0:
-            return
-        self._runs.append(_Run(first, offset, tokens, ends))
-        self._held += count
-        while self._held >= self.batch_tokens:
-            yield self._take(self.batch_tokens)
-
-    def finish(self, drop_last: bool) -> Iterator[tuple[torch.Tensor, int, int]]:
-        """The last, smaller batch of whole blocks (unless ``drop_last``); the rest, fewer than
-        ``seq_len`` tokens, is left out."""
-        blocks = self._held // self.seq_len
-        if blocks and not drop_last:
-            yield self._take(blocks * self.seq_len)
-
-    def _take(self, count: int) -> tuple[torch.Tensor, int, int]:
-        pieces = []
-        left = count
-        while True:
-            run = self._runs[0]
-            start = run.taken
-            available = run.tokens.shape[0] - start
-            if available > left:
-                run.taken = start + left
-                pieces.append(run.tokens[start : run.taken])
-                position = run.position(run.taken)
-                break
-            pieces.append(run.tokens[start:] if start else run.tokens)
-            left -= available
-            self._runs.popleft()
-            if left == 0:
-                position = run.position(start + available)
-                break
-        self._held -= count
-        # Its own storage: a view would pin, and send, a whole decoded batch.
-        batch = self._batch(count // self.seq_len)
-        if len(pieces) > 1:
-            torch.cat(pieces, out=batch.view(-1))
-        else:
-            batch.view(-1).copy_(pieces[0])
-        return batch, *position
-
-    def _batch(self, rows: int) -> torch.Tensor:
-        shape = (rows, self.seq_len)
-        slotted = None if self._ring is None else self._ring.reserve(torch.int64, shape)
-        return torch.empty(shape, dtype=torch.int64) if slotted is None else slotted
 
 
 class TokenDataset(ShardDataset):
@@ -149,17 +69,32 @@ class TokenDataset(ShardDataset):
     worker and its position after it (the loader strips the tags)."""
 
     def __init__(
-        self, *args: Any, column: str, seq_len: int, eos_id: int | None, **kwargs: Any
+        self,
+        *args: Any,
+        column: str,
+        seq_len: int,
+        eos_id: int | None,
+        documents: bool = False,
+        mask_column: str | None = None,
+        rows: RowOptions | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.column = column
         self.seq_len = seq_len
         self.eos_id = eos_id
+        self.mask_column = mask_column
+        self.rows = rows
+        self.channels = TokenChannels(documents, mask_column is not None, rows is not None)
         self.token_interrupts: tuple[plan.TokenInterrupt, ...] = ()
         # Set by the loader before it forks workers: how their batches reach it, and how many
         # travel as one DataLoader item.
         self.ring: BatchRing | None = None
         self.bundle = 1
+
+    # The segments a resumed epoch of a mixing schedule is laid out with (its state's; None:
+    # the epoch's own), set by the loader with ``token_interrupts``.
+    token_segments: tuple[int, ...] | None = None
 
     def state_dict(self) -> dict[str, Any]:
         raise TypeError("A token dataset resumes through its loader's state_dict()")
@@ -171,6 +106,8 @@ class TokenDataset(ShardDataset):
         """The selection's digest plus what decides the token stream (``seq_len`` and the batch
         size may change between runs)."""
         text = f"{self.selection.fingerprint()}:{STATE_KIND}:{self.column}:{self.eos_id}"
+        if self.rows is not None:  # a row per record: no state of packed blocks applies
+            text += f":rows:{self.rows.truncate}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def __iter__(self) -> Iterator[Bundle]:
@@ -190,9 +127,11 @@ class TokenDataset(ShardDataset):
         worker: int,
         workers: int,
     ) -> Iterator[_Tagged]:
-        length = plan.epoch_length(self.selection, epoch)
         topology = self.topology(workers)
-        layout, cuts = plan.token_layout(length, interrupts, topology, self.rank)
+        segments = self.token_segments if interrupts else None
+        layout, cuts = schedules.scheduled_token_layout(
+            self.selection, epoch, interrupts, segments, topology, self.rank
+        )
         part = layout[self.rank][worker]
         counters = self.counters.consumer(worker)
         orders, mixed = self.selection.orders(epoch), self.selection.mixed(epoch)
@@ -209,46 +148,82 @@ class TokenDataset(ShardDataset):
             lambda r: counters.watch(open_range(r, indexes)),
         )
         cut_at = _cuts_by_index(part, cuts)
+        if self.rows is not None:
+            if cut_at:  # a row-per-record state never cuts a record
+                raise ValueError("This loader state cuts a record, which pack=False never does")
+            return self._rows(runs, self.rows, epoch, part, worker, counters)
+        return self._blocks(runs, cut_at, epoch, part, worker, counters)
+
+    def _blocks(
+        self,
+        runs: Iterator[Records],
+        cut_at: dict[int, int],
+        epoch: int,
+        part: Sequence[tuple[int, int]],
+        worker: int,
+        counters: Any,
+    ) -> Iterator[_Tagged]:
         cut_indices = sorted(cut_at)
-        packer = TokenPacker(self.seq_len, self.batch_size, self.ring)
+        packer = TokenPacker(self.seq_len, self.batch_size, self.ring, self.channels)
         index = 0
         try:
-            for values, bounds in runs:
-                count = len(bounds) - 1
+            for records in runs:
+                count = len(records.bounds) - 1
                 first_cut = bisect.bisect_left(cut_indices, index)
                 if first_cut < len(cut_indices) and cut_indices[first_cut] < index + count:
-                    cut = _Cut(cut_at, epoch, part)
-                    pieces = _pack_records(packer, index, values, bounds, self.eos_id, cut)
+                    cut = Cut(cut_at, epoch, part)
+                    pieces = pack_records(packer, index, records, self.eos_id, cut)
                 else:
-                    pieces = _pack_run(packer, index, values, bounds, self.eos_id)
+                    pieces = pack_run(packer, index, records, self.eos_id)
                 for batch, whole, offset in pieces:
                     yield batch, worker, whole, offset
                 if (index ^ (index + count)) & ~PUBLISH_MASK:
                     counters.yielded(index + count)
                 index += count
-            expected = sum(stop - start for start, stop in part)
-            if index != expected:
-                raise ValueError(
-                    f"Read {index} records of epoch {epoch} where the plan has {expected}: "
-                    "the data changed since the manifest was written"
-                )
+            _check_read(index, part, epoch)
             for batch, whole, offset in packer.finish(self.drop_last):
                 yield batch, worker, whole, offset
         finally:
             counters.yielded(index)  # records read (a cut one counts once)
 
-    def _open(
-        self, shard_range: ShardRange, indexes: ShardIndexes | None
-    ) -> Iterator[tuple[torch.Tensor, list[int]]]:
-        """The token column of a shard range's decoded batches, each as one run: (int64
-        values, the offsets of its records in them), sliced from the columnar batches with no
-        Python object per token."""
+    def _rows(
+        self,
+        runs: Iterator[Records],
+        rows: RowOptions,
+        epoch: int,
+        part: Sequence[tuple[int, int]],
+        worker: int,
+        counters: Any,
+    ) -> Iterator[_Tagged]:
+        packer = RowPacker(
+            self.seq_len, self.batch_size, rows.pad_id, self.eos_id, self.ring, self.channels
+        )
+        index = 0
+        try:
+            for records in runs:
+                count = len(records.bounds) - 1
+                for batch, whole, offset in packer.add(index, records):
+                    yield batch, worker, whole, offset
+                if (index ^ (index + count)) & ~PUBLISH_MASK:
+                    counters.yielded(index + count)
+                index += count
+            _check_read(index, part, epoch)
+            for batch, whole, offset in packer.finish(self.drop_last, index):
+                yield batch, worker, whole, offset
+        finally:
+            counters.yielded(index)
+
+    def _open(self, shard_range: ShardRange, indexes: ShardIndexes | None) -> Iterator[Records]:
+        """A shard range's decoded batches, each as one run: the token column's int64 values,
+        the offsets of its records in them and their loss mask, sliced from the columnar
+        batches with no Python object per token."""
         table_index, start, stop = shard_range
         shard = self.table.shard(table_index)
+        columns = [self.column] if self.mask_column is None else [self.column, self.mask_column]
         batches = iter_shard_batches(
             self.data_format,
             shard,
-            columns=[self.column],
+            columns=columns,
             storage_config=self.storage_config,
             batch_size=self.batch_rows,
             start=start,
@@ -256,20 +231,39 @@ class TokenDataset(ShardDataset):
             index=self.range_segment(shard, start, stop, indexes),
             readahead_bytes=self.readahead,
         )
+        record = start
         for batch in batches:
             offsets, values = self._int_lists(batch, shard.uri)
+            mask = None
+            if self.mask_column is not None:
+                mask = loss_mask(batch, self.mask_column, offsets, len(values), shard.uri, record)
+            if self.rows is not None and self.rows.truncate == "error":
+                self._check_fits(offsets, shard.uri, record)
             bounds = offsets.tolist()
+            record += len(bounds) - 1
             if len(bounds) > 1:
-                yield values, bounds
+                yield Records(values, bounds, mask)
 
     def _open_records(
         self, shard_range: ShardRange, indexes: ShardIndexes | None
-    ) -> Iterator[tuple[torch.Tensor, list[int]]]:
+    ) -> Iterator[Records]:
         """A shard range's records one by one, each a run of one (the seeded interleaving and
         mixing reorder records)."""
-        for values, bounds in self._open(shard_range, indexes):
+        for values, bounds, mask in self._open(shard_range, indexes):
             for i in range(len(bounds) - 1):
-                yield values, bounds[i : i + 2]
+                yield Records(values, bounds[i : i + 2], mask)
+
+    def _check_fits(self, offsets: torch.Tensor, uri: str, first: int) -> None:
+        """With ``truncate="error"``: ValueError naming the first record longer than a row."""
+        sizes = offsets[1:] - offsets[:-1] + (self.eos_id is not None)
+        over = (sizes > self.seq_len).nonzero()
+        if len(over):
+            k = int(over[0])
+            raise ValueError(
+                f"Record {first + k} of shard {uri} holds {int(sizes[k])} tokens"
+                f"{' with its eos_id' if self.eos_id is not None else ''}, more than seq_len "
+                f'{self.seq_len} (pack=False with truncate="error")'
+            )
 
     def _int_lists(self, batch: Any, uri: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(offsets, int64 values) of the token column of a native or pyarrow batch."""
@@ -282,69 +276,20 @@ class TokenDataset(ShardDataset):
             ) from None
 
 
+def _check_read(index: int, part: Sequence[tuple[int, int]], epoch: int) -> None:
+    expected = sum(stop - start for start, stop in part)
+    if index != expected:
+        raise ValueError(
+            f"Read {index} records of epoch {epoch} where the plan has {expected}: "
+            "the data changed since the manifest was written"
+        )
+
+
 def _sent(bundles: Iterator[Bundle], ring: BatchRing | None) -> Iterator[Bundle]:
     """In a worker: each bundle's batches ready to leave it (through ``ring`` when they fit)."""
     for worker, last, batches in bundles:
-        sent = [(tensor_for_transfer(b, ring), *tags) for b, *tags in batches]
+        sent = [(for_transfer(b, ring), *tags) for b, *tags in batches]
         yield worker, last, sent
-
-
-def _pack_run(
-    packer: TokenPacker,
-    index: int,
-    values: torch.Tensor,
-    bounds: list[int],
-    eos_id: int | None,
-) -> Iterator[tuple[torch.Tensor, int, int]]:
-    """Records ``index``, ``index + 1``, ... (``values[bounds[i]:bounds[i + 1]]``), each
-    followed by ``eos_id`` when given, into ``packer`` as one run."""
-    low, high = bounds[0], bounds[-1]
-    tokens = values[low:high]
-    if eos_id is None:
-        return packer.add(index, 0, tokens, [end - low for end in bounds[1:]])
-    # Each record's eos goes after its tokens: record i's end moves by i + 1.
-    ends = [end - low + i for i, end in enumerate(bounds[1:], 1)]
-    joined = torch.full((len(tokens) + len(ends),), eos_id, dtype=torch.int64)
-    keep = torch.ones(len(joined), dtype=torch.bool)
-    keep[torch.tensor(ends, dtype=torch.int64) - 1] = False
-    joined[keep] = tokens
-    return packer.add(index, 0, joined, ends)
-
-
-class _Cut(NamedTuple):
-    """Records of a consumer's part that a loader state cut: index in the part -> tokens of it
-    already consumed; the epoch and the part, to name a record in an error."""
-
-    at: dict[int, int]
-    epoch: int
-    part: Sequence[tuple[int, int]]
-
-
-def _pack_records(
-    packer: TokenPacker,
-    index: int,
-    values: torch.Tensor,
-    bounds: list[int],
-    eos_id: int | None,
-    cut: _Cut,
-) -> Iterator[tuple[torch.Tensor, int, int]]:
-    """As :func:`_pack_run`, record by record, each from the token ``cut`` resumes it at."""
-    eos = None if eos_id is None else torch.tensor([eos_id], dtype=torch.int64)
-    for record, (low, high) in enumerate(zip(bounds, bounds[1:], strict=False), index):
-        count = high - low
-        start = cut.at.get(record, 0)
-        length = count + (eos is not None)
-        if start >= length and start > 0:
-            raise ValueError(
-                f"The loader state cuts record {_epoch_position(cut.part, record)} of epoch "
-                f"{cut.epoch} at token {start}, but it holds {length}: the data changed since"
-            )
-        tokens = values[low + min(start, count) : high]
-        if eos is None:
-            yield from packer.add(record, start, tokens, [len(tokens)])
-        else:
-            yield from packer.add(record, start, tokens, [])
-            yield from packer.add(record, count, eos, [1])
 
 
 def _cuts_by_index(part: Sequence[tuple[int, int]], cuts: dict[int, int]) -> dict[int, int]:
@@ -366,15 +311,6 @@ def _cuts_by_index(part: Sequence[tuple[int, int]], cuts: dict[int, int]) -> dic
     return by_index
 
 
-def _epoch_position(part: Sequence[tuple[int, int]], index: int) -> int:
-    """The epoch position of the ``index``-th record of ``part``."""
-    for start, stop in part:
-        if index < stop - start:
-            return start + index
-        index -= stop - start
-    raise IndexError(index)
-
-
 class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
     """The DataLoader ``load_tokens`` returns: int64 tensors of shape (batch, seq_len). Each
     pass is the next epoch; ``state_dict`` / ``load_state_dict`` resume exactly on any number of
@@ -393,16 +329,23 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
             collate_fn=as_is,
             **kwargs,
         )
+        # With a mixing schedule: the segments of the resumed epoch (a loaded state's).
+        self._segments: tuple[int, ...] | None = None
 
-    def __iter__(self) -> Iterator[torch.Tensor]:  # type: ignore[override]
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         started = time.perf_counter()
         epoch, interrupts = self._begin_pass()
         self.dataset.token_interrupts = interrupts
+        segments = self._segments if interrupts else None
+        self.dataset.token_segments, self._segments = segments, None
         if self._starts_workers():  # a ring of their own
-            batch_bytes = self.dataset.batch_size * self.dataset.seq_len * torch.int64.itemsize
+            # A slot holds a batch's largest tensor (its tokens); the others take a slot each.
+            tensor_bytes = self.dataset.batch_size * self.dataset.seq_len * torch.int64.itemsize
+            tensors = self.dataset.channels.tensors
+            batch_bytes = tensor_bytes * tensors
             self.dataset.bundle = max(1, min(BUNDLE_BATCHES, BUNDLE_BYTES // batch_bytes))
-            in_flight = self._batches_in_flight(self.dataset.bundle)
-            self.dataset.ring = BatchRing.for_batches(self.num_workers, in_flight, batch_bytes)
+            in_flight = self._batches_in_flight(self.dataset.bundle) * tensors
+            self.dataset.ring = BatchRing.for_batches(self.num_workers, in_flight, tensor_bytes)
         workers = self._topology.workers
         progress: dict[str, Any] = {
             "epoch": epoch,
@@ -410,6 +353,7 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
             "positions": [(0, 0)] * workers,
             "turn": 0,
             "finished": False,
+            "segments": self._epoch_segments(epoch, segments),
         }
         self._pass = progress
         batches = _tracked(self._worker_batches(), progress, workers, self.dataset.ring)
@@ -447,9 +391,12 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
         }
         if progress is None:
             interrupts = [_interrupt_json(i) for i in self._resume]
-            return {**state, "epoch": self._next_epoch, "interrupts": interrupts}
+            segments = self._segments if self._resume else None
+            scheduled = self._schedule_fields(self._next_epoch, segments)
+            return {**state, **scheduled, "epoch": self._next_epoch, "interrupts": interrupts}
         if progress["finished"] and topology.world_size == 1:
-            return {**state, "epoch": progress["epoch"] + 1, "interrupts": []}
+            scheduled = self._schedule_fields(progress["epoch"] + 1, None)
+            return {**state, **scheduled, "epoch": progress["epoch"] + 1, "interrupts": []}
         before: tuple[plan.TokenInterrupt, ...] = progress["interrupts"]
         earlier = None
         if before and before[-1].topology == topology:  # this pass resumed that run
@@ -463,9 +410,54 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
         interrupts = [_interrupt_json(i) for i in before]
         return {
             **state,
+            **self._schedule_fields(progress["epoch"], progress["segments"]),
             "epoch": progress["epoch"],
             "interrupts": [*interrupts, [*topology.to_json(), entries]],
         }
+
+    def _epoch_segments(self, epoch: int, segments: tuple[int, ...] | None) -> list[int] | None:
+        """With a mixing schedule: the segments ``epoch`` is laid out with (``segments``, a
+        resumed state's, else the epoch's own); None without one."""
+        selection = self.dataset.selection
+        if selection.schedule is None:
+            return None
+        return list(segments or schedules.epoch_segments(selection, epoch))
+
+    def _schedule_fields(self, epoch: int, segments: Sequence[int] | None) -> dict[str, Any]:
+        """A scheduled loader's state fields: the schedule the runs used (this loader's: a
+        state it resumed differed only after what it had consumed) and the segments ``epoch``
+        is laid out with."""
+        selection = self.dataset.selection
+        if selection.schedule is None:
+            return {}
+        return {
+            "schedule": schedules.schedule_json(selection.schedule),
+            "segments": self._epoch_segments(epoch, None if segments is None else tuple(segments)),
+        }
+
+    def _resumed_schedule(
+        self, state: dict[str, Any], epoch: int, records: int, by_weights: bool
+    ) -> tuple[schedules.Schedule, tuple[int, ...]]:
+        """A scheduled loader resuming ``state``: (the schedule its runs used, the segments
+        they were laid out with), checked field by field. A state of a ``mixing_weights``
+        loader (``by_weights``) used this loader's first weights alone, in one segment."""
+        selection = self.dataset.selection
+        assert selection.schedule is not None
+        if by_weights:
+            weights = dataclasses.replace(selection, schedule=None)
+            return selection.schedule[:1], (plan.epoch_length(weights, epoch),)
+        old = schedules.schedule_from_json(checks.field(state, "schedule"), len(selection.streams))
+        segments = schedules.segments_from_json(checks.field(state, "segments"), records)
+        return old, segments
+
+    def _by_weights(self, state: dict[str, Any], selection: str) -> bool:
+        """Whether a scheduled loader resumes a state of the ``mixing_weights`` loader of its
+        first entry's weights (``selection``, the state's fingerprint, is that loader's)."""
+        if self.dataset.selection.schedule is None or "schedule" in state:
+            return False
+        twin = copy.copy(self.dataset)
+        twin.selection = dataclasses.replace(self.dataset.selection, schedule=None)
+        return selection == twin.fingerprint()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Makes the next pass the rest of the epoch ``state`` was taken in, on this loader's
@@ -473,7 +465,9 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
         that lacks some rank's positions, and, naming the field, for a field that is missing,
         of the wrong type or out of bounds (see :mod:`~syvain_training_data.loading.state`):
         every field is checked before anything is computed from it, and the positions against
-        the epoch's plan."""
+        the epoch's plan. With a mixing schedule, ValueError naming the first difference when
+        this loader's schedule differs from the state's at or before a position its runs
+        consumed (see :mod:`~syvain_training_data.loading.schedule`)."""
         if (
             not isinstance(state, dict)
             or state.get("version") != STATE_VERSION
@@ -481,14 +475,22 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
         ):
             raise ValueError("Not a token loader state (state_dict of a load_tokens loader)")
         selection = checks.string(checks.field(state, "selection"), "selection")
-        if selection != self.dataset.fingerprint():
+        ours = selection == self.dataset.fingerprint()
+        by_weights = not ours and self._by_weights(state, selection)
+        if not ours and not by_weights:
             raise ValueError(
                 "This loader state was saved for another selection, seed, shuffle, mixing, "
                 "token column or eos_id"
             )
         epoch = checks.integer(checks.field(state, "epoch"), "epoch")
-        length = plan.epoch_length(self.dataset.selection, epoch)
         records = sum(self.dataset.selection.totals())
+        schedule = self.dataset.selection.schedule
+        old, segments, boundaries = None, None, None
+        if schedule is not None:  # laid out segment by segment, as the state's runs were
+            old, segments = self._resumed_schedule(state, epoch, records, by_weights)
+            length, boundaries = segments[-1], (0, *segments)
+        else:
+            length = plan.epoch_length(self.dataset.selection, epoch)
         interrupts = _interrupts_from_json(checks.field(state, "interrupts"), length, records)
         # Runs on one topology at the end are one run: exact, as no run has been laid out
         # after them yet.
@@ -496,7 +498,10 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
         if interrupts and all(interrupts[-1].finished):
             epoch, interrupts = epoch + 1, ()  # every rank had finished the epoch
         elif interrupts:  # positions past a part or back inside a record: ValueError now
-            plan.token_layout(length, interrupts, self._topology, self.dataset.rank)
+            plan.token_layout(length, interrupts, self._topology, self.dataset.rank, boundaries)
+            if schedule is not None and old is not None and segments is not None:
+                schedules.check_resume(old, schedule, segments, interrupts, self._topology)
+        self._segments = segments if interrupts else None
         self._next_epoch, self._resume = epoch, interrupts
         self._pass = None
         self._iterator = None
@@ -504,7 +509,7 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
 
 def _tracked(
     batches: Iterator[Bundle], progress: dict[str, Any], workers: int, ring: BatchRing | None
-) -> Iterator[torch.Tensor]:
+) -> Iterator[Any]:
     # Positions are those of batches the training loop received: batches workers prefetched
     # but the loop never took are not consumed. ``ring`` is held while its batches arrive.
     positions = list(progress["positions"])

@@ -16,6 +16,7 @@ mod policy;
 mod rows;
 mod slot_states;
 mod storage;
+mod token_rows;
 mod upload;
 
 #[pymodule]
@@ -34,5 +35,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     upload::register(m)?;
     download::register(m)?;
     interleave::register(m)?;
+    token_rows::register(m)?;
     Ok(())
 }

@@ -1,0 +1,644 @@
+"""Mixture schedules (``load_tokens(mixing_schedule=...)``, issue 29 part 3): the scheduled order
+and its segmented token layout as pure functions over random selections and topologies, then
+loaders over a local store (ranks crossing boundaries together, resume with an edited
+schedule, validation, hostile states, state size)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+from syvain_training_data import SyvainTrainingData  # noqa: E402
+from syvain_training_data.loading import plan, schedule  # noqa: E402
+from syvain_training_data.loading.packing import TokenPacker  # noqa: E402
+from syvain_training_data.loading.tokens import merge_token_states  # noqa: E402
+
+# --- the order -------------------------------------------------------------------------------
+
+
+def merged_by_brute_force(lengths, entries, stop, seed, epoch):
+    """The scheduled order built record by record: each segment sorts the keys of every
+    stream's remaining records (phases drawn in turn from the mix generator)."""
+    draw = plan._seeded(seed, epoch, "mix")
+    used = [0 for _ in lengths]
+    order: list[int] = []
+    for index, (start, weights) in enumerate(entries):
+        phases = [draw.random() for _ in lengths]
+        shares = [w / sum(weights) for w in weights]
+        rest = [n - u for n, u in zip(lengths, used, strict=True)]
+        keys = sorted(
+            ((i + phases[s]) / shares[s], s) for s in range(len(lengths)) for i in range(rest[s])
+        )
+        if stop == "first_exhausted":
+            end = min(((rest[s] + phases[s]) / shares[s], s) for s in range(len(lengths)))
+            keys = [k for k in keys if k < end]
+        span = entries[index + 1][0] - start if index + 1 < len(entries) else None
+        if span is None or len(keys) <= span:
+            return order + [s for _, s in keys]
+        for _, s in keys[:span]:
+            order.append(s)
+            used[s] += 1
+    raise AssertionError("unreachable")
+
+
+@st.composite
+def schedules(draw, streams: int, most_position: int, min_weight: int = 1):
+    count = draw(st.integers(1, 4))
+    positions = sorted(draw(st.sets(st.integers(1, most_position), max_size=count - 1)))
+    weight = st.integers(min_weight, 9).map(float)
+    return tuple((p, tuple(draw(weight) for _ in range(streams))) for p in [0, *positions])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    data=st.data(),
+    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=3),
+    stop=st.sampled_from(plan.MIX_STOPS),
+    seed=st.sampled_from([None, 0, 5]),
+)
+def test_the_scheduled_order_is_the_segment_by_segment_merge(data, lengths, stop, seed):
+    entries = data.draw(schedules(len(lengths), 90))
+    order = schedule.ScheduledOrder(lengths, entries, stop, seed, 3)
+    expected = merged_by_brute_force(lengths, entries, stop, seed, 3)
+    assert order.length == len(expected)
+    assert list(order.labels(0, order.length)) == expected
+    for position in range(order.length + 1):
+        assert order.prefix(position) == [expected[:position].count(s) for s in range(len(lengths))]
+    start = data.draw(st.integers(0, order.length))
+    stop_at = data.draw(st.integers(start, order.length))
+    assert list(order.labels(start, stop_at)) == expected[start:stop_at]
+    if len(entries) == 1:  # mixing_weights' order, bit for bit
+        mixed = plan.MixedOrder(lengths, entries[0][1], stop, seed, 3)
+        assert mixed.length == order.length
+        assert list(mixed.labels(0, mixed.length)) == expected
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    data=st.data(),
+    lengths=st.lists(st.integers(1500, 4000), min_size=2, max_size=3),
+    stop=st.sampled_from(plan.MIX_STOPS),
+    seed=st.integers(0, 2**32),
+)
+def test_every_segment_keeps_each_stage_share_in_every_400_positions(data, lengths, stop, seed):
+    entries = data.draw(schedules(len(lengths), sum(lengths)))
+    order = schedule.ScheduledOrder(lengths, entries, stop, seed, 0)
+    starts = [p for p, _ in entries if p < order.length]
+    ends = [*starts[1:], order.length]
+    for (start, weights), end in zip(entries, ends, strict=False):
+        shares = [w / sum(weights) for w in weights]
+        for low in range(start, end - 400 + 1, 37):
+            before, after = order.prefix(low), order.prefix(low + 400)
+            if any(a >= n for a, n in zip(after, lengths, strict=True)):
+                break  # a stream ran out (all_exhausted): the shares hold no longer
+            for s, share in enumerate(shares):
+                assert abs((after[s] - before[s]) - 400 * share) <= 2, (start, low, s)
+
+
+def test_the_order_costs_segments_not_records():
+    lengths = [10**9, 3 * 10**8, 7 * 10**8]
+    entries = tuple((k * 10**7, (1.0 + k % 3, 2.0, 1.0 + k % 5)) for k in range(64))
+    order = schedule.ScheduledOrder(lengths, entries, "first_exhausted", 1, 0)
+    counts = order.prefix(order.length // 2)
+    assert sum(counts) == order.length // 2
+    assert list(order.labels(10**8, 10**8 + 5)) == list(order.labels(10**8, 10**8 + 5))
+
+
+# --- the segmented token layout ---------------------------------------------------------------
+
+
+def simulate_consumer(lengths, part, cuts, seq_len, batch, drop_last, first_id):
+    """What TokenDataset yields for one consumer: (tokens per batch, position after it)."""
+    packer = TokenPacker(seq_len, batch)
+    out = []
+    positions = [p for start, stop in part for p in range(start, stop)]
+    for index, position in enumerate(positions):
+        tokens = torch.arange(first_id[position], first_id[position] + lengths[position])
+        start = cuts.get(position, 0)
+        rest = tokens[start:]
+        for b, whole, offset in packer.add(index, start, rest, [len(rest)]):
+            out.append((b.flatten().tolist(), (whole, offset)))
+    for b, whole, offset in packer.finish(drop_last):
+        out.append((b.flatten().tolist(), (whole, offset)))
+    return out
+
+
+def simulate_run(lengths, interrupts, topology, seq_len, taken_per_rank, boundaries):
+    """One run laid out with ``boundaries``: every rank takes ``taken_per_rank`` batches (None:
+    all) in torch's in-order round robin. Returns (tokens received, the interrupt, streams)."""
+    first_id = [0]
+    for n in lengths:
+        first_id.append(first_id[-1] + n)
+    layout, cuts = plan.token_layout(len(lengths), interrupts, topology, None, boundaries)
+    tokens, positions, turns, finished, streams = [], [], [], [], []
+    for rank in range(topology.world_size):
+        outs = [
+            simulate_consumer(
+                lengths,
+                layout[rank][w],
+                cuts,
+                seq_len,
+                topology.batch_size,
+                topology.drop_last,
+                first_id,
+            )
+            for w in range(topology.workers)
+        ]
+        counts = [len(o) for o in outs]
+        limit = sum(counts) if taken_per_rank is None else min(taken_per_rank, sum(counts))
+        taken = [0] * topology.workers
+        turn, stream, w = 0, [], 0
+        while len(stream) < limit:
+            if taken[w] < counts[w]:
+                stream.append(outs[w][taken[w]][0])
+                taken[w] += 1
+                turn = (w + 1) % topology.workers
+            w = (w + 1) % topology.workers
+        tokens += [t for b in stream for t in b]
+        positions.append(
+            tuple(outs[w][taken[w] - 1][1] if taken[w] else (0, 0) for w in range(topology.workers))
+        )
+        turns.append(turn)
+        finished.append(limit == sum(counts))
+        streams.append(stream)
+    interrupt = plan.TokenInterrupt(topology, tuple(positions), tuple(turns), tuple(finished))
+    return tokens, interrupt, streams
+
+
+token_topology = st.builds(
+    plan.Topology,
+    world_size=st.integers(1, 6),
+    workers=st.integers(1, 4),
+    batch_size=st.integers(1, 4),
+    drop_last=st.booleans(),
+)
+
+
+@st.composite
+def segmented(draw):
+    lengths = draw(st.lists(st.integers(0, 20), min_size=1, max_size=50))
+    inner = sorted(draw(st.sets(st.integers(1, max(1, len(lengths) - 1)), max_size=4)))
+    inner = [b for b in inner if b < len(lengths)]
+    return lengths, (0, *inner, len(lengths))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    case=segmented(),
+    runs=st.lists(st.tuples(token_topology, st.integers(0, 6)), min_size=1, max_size=3),
+    last=token_topology,
+    seq_len=st.sampled_from([1, 1, 2, 3, 5, 8]),
+    repeat=st.booleans(),
+)
+def test_resumes_across_segment_boundaries_yield_each_token_once(case, runs, last, seq_len, repeat):
+    lengths, boundaries = case
+    if repeat:
+        last = runs[-1][0]
+    interrupts: list[plan.TokenInterrupt] = []
+    received: list[int] = []
+    for topology, taken in runs:
+        tokens, interrupt, _ = simulate_run(
+            lengths, interrupts, topology, seq_len, taken, boundaries
+        )
+        received += tokens
+        interrupts.append(interrupt)
+    tokens, _, _ = simulate_run(lengths, interrupts, last, seq_len, None, boundaries)
+    received += tokens
+    counts = Counter(received)
+    assert not counts or max(counts.values()) == 1, "a token was yielded twice"
+    if seq_len == 1 and not last.drop_last:  # nothing is left out: every token once
+        assert sorted(counts) == list(range(sum(lengths)))
+    consumers = sum(t.world_size * t.workers for t, _ in [*runs, (last, 0)])
+    slack = max(t.batch_size for t, _ in [*runs, (last, 0)]) * seq_len
+    assert sum(lengths) - len(counts) <= consumers * slack
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    case=segmented(), topology=token_topology, seq_len=st.integers(1, 6), taken=st.integers(0, 8)
+)
+def test_same_topology_segmented_resume_is_the_uninterrupted_stream(case, topology, seq_len, taken):
+    lengths, boundaries = case
+    _, _, whole = simulate_run(lengths, [], topology, seq_len, None, boundaries)
+    _, interrupt, head = simulate_run(lengths, [], topology, seq_len, taken, boundaries)
+    _, _, tail = simulate_run(lengths, [interrupt], topology, seq_len, None, boundaries)
+    for rank in range(topology.world_size):
+        assert head[rank] + tail[rank] == whole[rank]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    case=segmented(),
+    runs=st.lists(st.tuples(token_topology, st.integers(0, 6)), max_size=2),
+    topology=token_topology,
+)
+def test_every_consumer_takes_its_share_of_each_segment(case, runs, topology):
+    """Fresh or resumed, a new topology gives each consumer an even share of what is left of
+    each segment, segment after segment (parts ascending); one boundary pair is today's
+    layout."""
+    lengths, boundaries = case
+    interrupts: tuple[plan.TokenInterrupt, ...] = ()
+    for t, taken in runs:  # as a loader's state holds them: runs on one topology in a row merge
+        interrupt = simulate_run(lengths, interrupts, t, 2, taken, boundaries)[1]
+        interrupts = plan.appended(interrupts, interrupt)
+    if interrupts and interrupts[-1].topology == topology:
+        return  # a continuation keeps the interrupted run's parts
+    layout, _ = plan.token_layout(len(lengths), interrupts, topology, None, boundaries)
+    parts = [part for rank in range(topology.world_size) for part in layout[rank]]
+    for part in parts:
+        flat = [p for a, b in part for p in range(a, b)]
+        assert flat == sorted(flat)
+    for low, high in zip(boundaries, boundaries[1:], strict=False):
+        per_rank = [
+            sum(max(0, min(b, high) - max(a, low)) for part in layout[r] for a, b in part)
+            for r in range(topology.world_size)
+        ]
+        assert max(per_rank) - min(per_rank) <= 1
+        for r in range(topology.world_size):
+            per_worker = [
+                sum(max(0, min(b, high) - max(a, low)) for a, b in part) for part in layout[r]
+            ]
+            assert max(per_worker) - min(per_worker) <= 1
+    if len(boundaries) == 2:
+        assert layout == plan.token_layout(len(lengths), interrupts, topology)[0]
+
+
+def test_consumed_through_is_the_last_position_a_run_touched():
+    topology = plan.Topology(2, 1, 1, False)
+    segments = (6, 12)
+    layout, _ = plan.token_layout(12, [], topology, None, (0, *segments))
+    assert layout == {0: [[(0, 3), (6, 9)]], 1: [[(3, 6), (9, 12)]]}
+    # rank 0 consumed 2 records and 5 tokens of the third, rank 1 four records (into segment 1)
+    stop = plan.TokenInterrupt(topology, (((2, 5),), ((4, 0),)), (0, 0), (False, False))
+    assert schedule.consumed_through(segments, [stop], topology) == 9
+    nothing = plan.TokenInterrupt(topology, (((0, 0),), ((0, 0),)), (0, 0), (False, False))
+    assert schedule.consumed_through(segments, [nothing], topology) == -1
+    old = ((0, (3.0, 1.0)), (6, (1.0, 3.0)))
+    later = (*old, (10, (2.0, 2.0)))
+    schedule.check_resume(old, later, segments, [stop], topology)
+    moved = ((0, (3.0, 1.0)), (10, (1.0, 3.0)))  # segment 1 now starts at 10: differs from 6
+    with pytest.raises(
+        ValueError,
+        match=r"from position 6 \(entry 1: the state's position 6 weights \[1.0, 3.0\], "
+        r"this loader's position 10 weights \[1.0, 3.0\]\), at or before epoch position 9",
+    ):
+        schedule.check_resume(old, moved, segments, [stop], topology)
+    with pytest.raises(ValueError, match=r"from position 0 \(entry 0: .*weights \[2.0, 1.0\]"):
+        schedule.check_resume(old, ((0, (2.0, 1.0)), (6, (1.0, 3.0))), segments, [stop], topology)
+    assert schedule.first_difference(old, old[:1]) == (1, 6, old[1], None)
+    assert schedule.first_difference(old[:1], old) == (1, 6, None, old[1])
+    assert schedule.first_difference(old, later) == (2, 10, None, later[2])
+
+
+# --- loaders over a local store ---------------------------------------------------------------
+
+CODE = 1_000_000  # code token ids start here; each record is 4 tokens, one block of seq_len 4
+
+
+@pytest.fixture(scope="module")
+def staged(tmp_path_factory):
+    client = SyvainTrainingData()
+    uri = f"file://{tmp_path_factory.mktemp('schedule')}/data-manifest.json"
+    saver = client.dataset_saver(uri, data_format="msgpack.zstf")
+    for stage, base, weight in (("web", 0, 3), ("code", CODE, 1)):
+        for shard in range(3):
+            records = [
+                {"tokens": list(range(base + 4 * i, base + 4 * i + 4))}
+                for i in range(200 * shard, 200 * shard + 200)
+            ]
+            saver.save(
+                "train",
+                stage,
+                records,
+                curriculum_metadata={"weight": weight},
+                shard_id=f"{stage}-{shard}",
+            )
+    saver.commit_manifest()
+    return client, uri
+
+
+SCHEDULE = [(0, {"web": 3, "code": 1}), (600, {"web": 1, "code": 3})]
+
+
+def run(client, uri, ranks, workers, batch, stop_after=None, *, state=None, **load):
+    """Every rank of a run, each taking ``stop_after`` batches (None: all). Returns the records
+    (first token // 4, code ones offset) received per rank and the merged state."""
+    args: dict[str, Any] = {"batch_size": batch, "num_workers": workers}
+    if workers:
+        args["multiprocessing_context"] = "fork"
+    loader = client.split_data_loader(uri, None, args)
+    received, states = [], []
+    for rank in range(ranks):
+        dl = loader.load_tokens("train", seq_len=4, rank=rank, world_size=ranks, **load)
+        if state is not None:
+            dl.load_state_dict(json.loads(json.dumps(state)))
+        records: list[int] = []
+        iterator = iter(dl)
+        for taken, b in enumerate(iterator):
+            records += [row[0] for row in b.tolist()]
+            if stop_after is not None and taken + 1 == stop_after:
+                break
+        del iterator
+        states.append(dl.state_dict())
+        received.append(records)
+    return received, merge_token_states(states)
+
+
+def web_share(records: list[int]) -> float:
+    return sum(r < CODE for r in records) / len(records)
+
+
+def test_a_one_entry_schedule_is_mixing_weights(staged):
+    client, uri = staged
+    weights = {"web": 3, "code": 1}
+    for stop in plan.MIX_STOPS:
+        by_weights, state = run(client, uri, 2, 0, 3, 5, mixing_weights=weights, mixing_stop=stop)
+        one = [(0, weights)]
+        by_schedule, scheduled = run(client, uri, 2, 0, 3, 5, mixing_schedule=one, mixing_stop=stop)
+        assert by_schedule == by_weights
+        assert "schedule" not in state and scheduled["schedule"] == [[0, [3.0, 1.0]]]
+        # The mixing_weights loader keeps its selection (and fingerprint); its state resumes
+        # the schedule.
+        loader = client.split_data_loader(uri, None)
+        by_w = loader.load_tokens("train", seq_len=4, mixing_weights=weights, mixing_stop=stop)
+        by_s = loader.load_tokens("train", seq_len=4, mixing_schedule=one, mixing_stop=stop)
+        assert by_w.dataset.selection.schedule is None
+        assert by_w.dataset.selection == dataclasses.replace(by_s.dataset.selection, schedule=None)
+        assert state["selection"] == by_w.dataset.fingerprint() != by_s.dataset.fingerprint()
+        rest_w, _ = run(client, uri, 2, 0, 3, state=state, mixing_weights=weights, mixing_stop=stop)
+        rest_s, _ = run(client, uri, 2, 0, 3, state=state, mixing_schedule=one, mixing_stop=stop)
+        assert rest_s == rest_w
+        later = [*one, (700, {"web": 1, "code": 1})]
+        rest_l, _ = run(client, uri, 2, 0, 3, state=state, mixing_schedule=later, mixing_stop=stop)
+        head = [r for rank in by_weights for r in rank]
+        tail = [r for rank in rest_l for r in rank]
+        assert max(Counter(head + tail).values()) == 1
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_ranks_cross_segment_boundaries_together(staged, workers):
+    client, uri = staged
+    load = {"mixing_schedule": SCHEDULE, "mixing_stop": "all_exhausted"}
+    received, _ = run(client, uri, 4, workers, 5, **load)
+    assert sorted(r for rank in received for r in rank) == sorted(
+        [*range(0, 4 * 600, 4), *range(CODE, CODE + 4 * 600, 4)]
+    )
+    # Each rank's first 150 records are its share of segment 0 (3:1), the next ones of
+    # segment 1 (1:3); with workers, each worker's share of each (every stretch of a
+    # worker's records is within 2 of its weights).
+    slack = 2 * max(workers, 1)
+    for records in received:
+        assert abs(sum(r < CODE for r in records[:40]) - 30) <= slack
+        assert abs(sum(r < CODE for r in records[:150]) - 112.5) <= slack
+        assert abs(sum(r < CODE for r in records[150:]) - 37.5) <= slack
+    assert abs(sum(r < CODE for r in received[0][150:250]) - 25) <= slack
+    plain, _ = run(
+        client, uri, 4, 0, 5, mixing_weights={"web": 3, "code": 1}, mixing_stop="all_exhausted"
+    )
+    assert web_share(plain[3][:40]) == 0.0  # without a schedule the last rank starts late
+
+
+def positions_of(order: schedule.ScheduledOrder, start: int, stop: int) -> list[int]:
+    """The records (as run() names them) at mixed positions [start, stop) of ``order``."""
+    counts = order.prefix(start)
+    records = []
+    for s in order.labels(start, stop):
+        records.append(4 * counts[s] + (CODE if s == 1 else 0))
+        counts[s] += 1
+    return records
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_schedule_edited_after_the_resume_point_resumes_exactly(staged, workers):
+    client, uri = staged
+    load = {"mixing_stop": "all_exhausted"}
+    head, state = run(client, uri, 2, workers, 4, 10, mixing_schedule=SCHEDULE, **load)
+    assert state["schedule"] == [[0, [3.0, 1.0]], [600, [1.0, 3.0]]]
+    assert state["segments"] == [600, 1200]
+    # Consumed: rank 0 from position 0, rank 1 from 300 (its share of segment 0): 40 each.
+    edited = [
+        (0, {"web": 3, "code": 1}),
+        (500, {"web": 1, "code": 1}),
+        (900, {"web": 2, "code": 1}),
+    ]
+    tail, after = run(client, uri, 3, 1, 5, state=state, mixing_schedule=edited, **load)
+    consumed = [r for rank in head for r in rank]
+    rest = [r for rank in tail for r in rank]
+    assert len(consumed) == 80
+    everything = [*range(0, 4 * 600, 4), *range(CODE, CODE + 4 * 600, 4)]
+    assert sorted(consumed + rest) == sorted(everything)  # each record once
+    # The rest follows the new schedule: from position 500 on, its records are the new
+    # order's, which the old schedule would not have put there.
+    new = schedule.ScheduledOrder(
+        [600, 600],
+        ((0, (3.0, 1.0)), (500, (1.0, 1.0)), (900, (2.0, 1.0))),
+        "all_exhausted",
+        None,
+        0,
+    )
+    old = schedule.ScheduledOrder(
+        [600, 600], ((0, (3.0, 1.0)), (600, (1.0, 3.0))), "all_exhausted", None, 0
+    )
+    assert set(positions_of(new, 500, 1200)) <= set(rest)
+    assert positions_of(new, 500, 1200) != positions_of(old, 500, 1200)
+    assert after["schedule"][1] == [500, [1.0, 1.0]] and after["segments"] == [600, 1200]
+
+
+def test_a_schedule_edited_before_the_resume_point_is_refused(staged):
+    client, uri = staged
+    load = {"mixing_stop": "all_exhausted"}
+    _, state = run(client, uri, 2, 0, 4, 10, mixing_schedule=SCHEDULE, **load)
+    loader = client.split_data_loader(uri, None, {"batch_size": 2})
+    edits = {
+        r"from position 300 \(entry 1: the state's position 600 weights \[1.0, 3.0\], this "
+        r"loader's position 300 weights \[1.0, 3.0\]\), at or before epoch position 339": [
+            (0, {"web": 3, "code": 1}),
+            (300, {"web": 1, "code": 3}),
+        ],
+        r"from position 0 \(entry 0: the state's position 0 weights \[3.0, 1.0\], this "
+        r"loader's position 0 weights \[2.0, 1.0\]\)": [
+            (0, {"web": 2, "code": 1}),
+            (600, {"web": 1, "code": 3}),
+        ],
+        r"from position 200 \(entry 1: the state's position 600 weights \[1.0, 3.0\], this "
+        r"loader's position 200 weights \[1.0, 1.0\]\)": [
+            (0, {"web": 3, "code": 1}),
+            (200, {"web": 1, "code": 1}),
+            (600, {"web": 1, "code": 3}),
+        ],
+    }
+    for message, edited in edits.items():
+        dl = loader.load_tokens("train", seq_len=4, mixing_schedule=edited, **load)
+        with pytest.raises(ValueError, match=message):
+            dl.load_state_dict(state)
+    # Edits after position 339 load; a weights loader's state is not a schedule's, nor the
+    # reverse with other weights.
+    dl = loader.load_tokens(
+        "train", seq_len=4, mixing_schedule=[(0, {"web": 3, "code": 1}), (340, "metadata")], **load
+    )
+    dl.load_state_dict(state)
+    with pytest.raises(ValueError, match="another selection"):
+        loader.load_tokens(
+            "train", seq_len=4, mixing_weights={"web": 3, "code": 1}, **load
+        ).load_state_dict(state)
+
+
+def test_a_shorter_edited_order_clips_the_layout(staged):
+    client, uri = staged
+    # first_exhausted: weights 1:1 then web-heavy; the edit makes web run out sooner.
+    first = [(0, {"web": 1, "code": 1}), (400, {"web": 1, "code": 1})]
+    head, state = run(client, uri, 2, 0, 4, 5, mixing_schedule=first)
+    assert state["segments"][0] == 400
+    edited = [(0, {"web": 1, "code": 1}), (400, {"web": 9, "code": 1})]
+    tail, _ = run(client, uri, 1, 2, 4, state=state, mixing_schedule=edited)
+    got = Counter([r for rank in head + tail for r in rank])
+    assert max(got.values()) == 1
+    order = schedule.ScheduledOrder(
+        [600, 600], ((0, (1.0, 1.0)), (400, (9.0, 1.0))), "first_exhausted", None, 0
+    )
+    assert order.length < 1200
+    assert sorted(got) == sorted(positions_of(order, 0, order.length))
+
+
+def test_schedule_validation_names_the_entry(staged):
+    client, uri = staged
+    loader = client.split_data_loader(uri, None, {"batch_size": 2})
+
+    def load(value: Any, **more: Any) -> Any:
+        return loader.load_tokens("train", seq_len=4, mixing_schedule=value, **more)
+
+    w = {"web": 1, "code": 1}
+    cases = {
+        "not both": ([(0, w)], {"mixing_weights": w}),
+        "must be a list": ({0: w}, {}),
+        "1 to 64 entries": ([], {}),
+        "1 to 64 entries, got 65": ([(i, w) for i in range(65)], {}),
+        r"mixing_schedule\[0\] must start at position 0": ([(5, w)], {}),
+        r"mixing_schedule\[2\] position 7 must be greater than mixing_schedule\[1\]'s 7": (
+            [(0, w), (7, w), (7, w)],
+            {},
+        ),
+        r"mixing_schedule\[1\] position must be an int, got True": ([(0, w), (True, w)], {}),
+        r"mixing_schedule\[1\] position must be an int, got 2.5": ([(0, w), (2.5, w)], {}),
+        r"mixing_schedule\[1\] must be a \(position, weights\) pair": ([(0, w), (1, w, 2)], {}),
+        r"mixing_schedule\[1\] \(position 9\): mixing_weights must name exactly the stages": (
+            [(0, w), (9, {"web": 1})],
+            {},
+        ),
+        r"mixing_schedule\[1\] \(position 9\): Curriculum stage 'code' needs a positive": (
+            [(0, w), (9, {"web": 1, "code": 0})],
+            {},
+        ),
+        r"mixing_schedule\[0\] \(position 0\): weights must be a mapping": ([(0, [1, 1])], {}),
+        "needs curriculum_stages": ([(0, "metadata")], {}),
+        "bytes in a loader state, more than 2560": (
+            [(k * 10**17, {"web": 1 / 3 + k, "code": 2 / 3}) for k in range(64)],
+            {},
+        ),
+        "mixing_stop must be one of": ([(0, w)], {"mixing_stop": "never"}),
+    }
+    for message, (value, more) in cases.items():
+        with pytest.raises(ValueError, match=message):
+            load(value, **more)
+    # "metadata" in a schedule: the stages' weight metadata (web 3, code 1).
+    by_metadata = load([(0, "metadata"), (100, w)], curriculum_stages=["web", "code"])
+    by_mapping = load([(0, {"web": 3, "code": 1}), (100, w)])
+    assert [b.tolist() for b in by_metadata] == [b.tolist() for b in by_mapping]
+
+
+def test_hostile_schedule_state_fields_are_named(staged):
+    client, uri = staged
+    load = {"mixing_schedule": SCHEDULE, "mixing_stop": "all_exhausted"}
+    _, state = run(client, uri, 2, 0, 4, 3, **load)
+    dl = client.split_data_loader(uri, None, {"batch_size": 2}).load_tokens(
+        "train", seq_len=4, **load
+    )
+    big = 2**70
+    bad: dict[str, tuple[str, Any]] = {
+        r"schedule must be a list, got a dict": ("schedule", {}),
+        r"schedule must hold at most 64 items, got 65": ("schedule", [[0, [1.0, 1.0]]] * 65),
+        r"schedule must hold at least one entry": ("schedule", []),
+        r"schedule\[0\]\[0\] \(position\) must be in \[0, 0\]": ("schedule", [[3, [1.0, 1.0]]]),
+        r"schedule\[1\]\[0\] \(position\) must be in \[1, ": (
+            "schedule",
+            [[0, [1.0, 1.0]], [0, [1.0, 1.0]]],
+        ),
+        r"schedule\[1\]\[0\] \(position\) must be in .*an int of 71 bits": (
+            "schedule",
+            [[0, [1.0, 1.0]], [big, [1.0, 1.0]]],
+        ),
+        r"schedule\[0\]\[1\] \(weights\) must hold 2 items, got 3": (
+            "schedule",
+            [[0, [1.0, 1.0, 1.0]]],
+        ),
+        r"schedule\[0\]\[1\]\[1\] \(weight\) must be a number, got 'x'": (
+            "schedule",
+            [[0, [1.0, "x"]]],
+        ),
+        r"schedule\[0\]\[1\]\[0\] \(weight\) must be positive and finite, got -1.0": (
+            "schedule",
+            [[0, [-1.0, 1.0]]],
+        ),
+        r"schedule\[0\]\[1\]\[0\] \(weight\) is too large": ("schedule", [[0, [10**400, 1.0]]]),
+        r"segments must be a list, got 5": ("segments", 5),
+        r"segments must hold at least the epoch length": ("segments", []),
+        r"segments must hold at most 64 items": ("segments", list(range(1, 66))),
+        r"segments\[1\] must be in \[601, 1200\], got 600": ("segments", [600, 600]),
+        r"segments\[0\] must be in \[0, 1200\], got an int of 71 bits": ("segments", [big]),
+        r"segments\[0\] must be in \[0, 1200\], got 1201": ("segments", [1201]),
+        r"segments\[0\] must be positive": ("segments", [0, 1200]),
+        r"segments\[0\] must be an int, got True": ("segments", [True]),
+    }
+    for message, (key, value) in bad.items():
+        with pytest.raises(ValueError, match=message):
+            dl.load_state_dict({**state, key: value})
+    for key in ("segments", "schedule"):
+        missing = {k: v for k, v in state.items() if k != key}
+        with pytest.raises(ValueError, match=f"{key} is missing"):
+            dl.load_state_dict(missing)
+    # Positions past the parts of the stored layout are refused as ever.
+    with pytest.raises(ValueError, match="consumed"):
+        dl.load_state_dict({**state, "segments": [10, 20]})
+
+
+def test_a_64_entry_schedule_state_stays_under_4_kib(tmp_path):
+    client = SyvainTrainingData()
+    uri = f"file://{tmp_path}/three.json"
+    saver = client.dataset_saver(uri, data_format="msgpack.zstf")
+    for stage in range(3):
+        base = stage * CODE
+        records = [{"tokens": list(range(base + 4 * i, base + 4 * i + 4))} for i in range(2000)]
+        saver.save("train", f"s{stage}", records)
+    saver.commit_manifest()
+    draw = random.Random(0)
+    entries = [
+        (90 * k, {f"s{s}": round(draw.uniform(0.1, 9.9), 2) for s in range(3)}) for k in range(64)
+    ]
+    load = {"mixing_schedule": entries, "mixing_stop": "all_exhausted"}
+    received, state = run(client, uri, 2, 2, 3, 7, **load)
+    assert len(state["schedule"]) == 64 and len(state["segments"]) == 64
+    assert len(json.dumps(state, separators=(",", ":"))) < 4096
+    assert len(json.dumps(state)) < 4096
+    rest, _ = run(client, uri, 3, 1, 4, state=state, **load)
+    got = Counter(r for rank in received + rest for r in rank)
+    assert max(got.values()) == 1
+
+
+def test_runs_on_one_topology_merge_in_a_scheduled_state(staged):
+    client, uri = staged
+    load = {"mixing_schedule": SCHEDULE, "mixing_stop": "all_exhausted"}
+    first, state = run(client, uri, 2, 2, 4, 5, **load)
+    second, state = run(client, uri, 2, 2, 4, 5, state=state, **load)
+    assert len(state["interrupts"]) == 1 and state["segments"] == [600, 1200]
+    third, _ = run(client, uri, 3, 0, 7, state=state, **load)
+    got = [r for part in (first, second, third) for rank in part for r in rank]
+    assert sorted(got) == sorted([*range(0, 4 * 600, 4), *range(CODE, CODE + 4 * 600, 4)])
