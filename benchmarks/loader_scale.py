@@ -24,7 +24,7 @@ import psutil
 
 from syvain_training_data import SyvainTrainingData
 from syvain_training_data.formats.shard_index import block_records
-from syvain_training_data.loading import plan
+from syvain_training_data.loading import plan, record_plan
 from syvain_training_data.loading.dataloader import state_size
 
 
@@ -44,7 +44,7 @@ def plan_case() -> None:
             streams=(counts,), seed=1, window=plan.DEFAULT_WINDOW, blocks=(blocks,)
         )
         length = plan.epoch_length(selection, 3)
-        part = plan.consumer_part(selection, length, chain, topology, 1234, 5)
+        part = record_plan.consumer_part(selection, length, chain, topology, 1234, 5)
         (order,) = selection.orders(3)
         first = part[0][0]
         next(iter(order.records(first, first + 1)))  # its first window, planned

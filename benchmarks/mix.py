@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from syvain_training_data import SyvainTrainingData  # noqa: E402
 from syvain_training_data.formats.shard_index import block_records  # noqa: E402
-from syvain_training_data.loading import plan  # noqa: E402
+from syvain_training_data.loading import plan, record_plan  # noqa: E402
 from syvain_training_data.loading.block_order import BlockOrder  # noqa: E402
 from uniform import expected_distinct  # noqa: E402
 
@@ -84,7 +84,7 @@ def planned(steps: int) -> dict[str, float]:
     length = plan.epoch_length(selection, 0)
     (order,) = selection.orders(0)
     assert isinstance(order, BlockOrder)
-    layout = plan.run_layout(selection, length, [], topology)
+    layout = record_plan.run_layout(selection, length, [], topology)
     device, global_ = [], []
     for step in range(steps):
         # A rank's step-th batch comes from its workers in turn (torch's round robin).

@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 from syvain_training_data import SyvainTrainingData  # noqa: E402
-from syvain_training_data.loading import plan  # noqa: E402
-from syvain_training_data.loading.packing import TokenPacker  # noqa: E402
+from syvain_training_data.loading import plan, token_plan  # noqa: E402
 from syvain_training_data.loading.tokens import merge_token_states  # noqa: E402
+from token_runs import run_ranks, simulate_run, token_topology  # noqa: E402
 
 FORMATS = ["msgpack.zstf", "jsonl.gz", "parquet"]
 
@@ -57,28 +57,8 @@ def local_sets(tmp_path_factory):
 
 
 def run(client, uri, ranks, workers, batch, seq_len, stop_after=None, *, state=None, **load):
-    """Every rank of a run, each taking ``stop_after`` batches (None: to the end). Returns the
-    batches received per rank and the merged state."""
-    args: dict[str, Any] = {"batch_size": batch, "num_workers": workers}
-    if workers:
-        args["multiprocessing_context"] = load.pop("context", "fork")
-    loader = client.split_data_loader(uri, None, args)
-    received: list[list[Any]] = []
-    states = []
-    for rank in range(ranks):
-        dl = loader.load_tokens("train", seq_len=seq_len, rank=rank, world_size=ranks, **load)
-        if state is not None:
-            dl.load_state_dict(json.loads(json.dumps(state)))  # as a checkpoint file would
-        batches: list[Any] = []
-        iterator = iter(dl)
-        for taken, batch in enumerate(iterator):
-            batches.append(batch)
-            if stop_after is not None and taken + 1 == stop_after:
-                break
-        del iterator
-        states.append(dl.state_dict())
-        received.append(batches)
-    return received, merge_token_states(states)
+    """Every rank of a run (see token_runs.run_ranks): the batches per rank, the state."""
+    return run_ranks(client, uri, ranks, workers, batch, seq_len, stop_after, state=state, **load)
 
 
 def tokens_of(received: list[list[Any]]) -> list[int]:
@@ -338,89 +318,22 @@ def test_a_gloo_group_gathers_every_rank_position(local_sets, tmp_path):
 def test_token_layout_cuts_carry_through_a_chain():
     # A 1-consumer run stopped inside record 4 at token 7 leaves the rest of record 4 first.
     one = plan.Topology(1, 1, 1, False)
-    stop = plan.TokenInterrupt(one, (((4, 7),),), (0,), (False,))
-    layout, cuts = plan.token_layout(10, [stop], plan.Topology(2, 1, 1, False))
+    stop = token_plan.TokenInterrupt(one, (((4, 7),),), (0,), (False,))
+    layout, cuts = token_plan.token_layout(10, [stop], plan.Topology(2, 1, 1, False))
     assert layout[0][0] == [(4, 7)] and layout[1][0] == [(7, 10)] and cuts == {4: 7}
-    again = plan.TokenInterrupt(
+    again = token_plan.TokenInterrupt(
         plan.Topology(2, 1, 1, False), (((0, 9),), ((1, 0),)), (0, 0), (False, False)
     )
-    layout, cuts = plan.token_layout(10, [stop, again], one)
+    layout, cuts = token_plan.token_layout(10, [stop, again], one)
     assert layout[0][0] == [(4, 7), (8, 10)] and cuts == {4: 9}
     with pytest.raises(ValueError, match="went back inside record 4"):
-        bad = plan.TokenInterrupt(
+        bad = token_plan.TokenInterrupt(
             plan.Topology(2, 1, 1, False), (((0, 3),), ((0, 0),)), (0, 0), (False, False)
         )
-        plan.token_layout(10, [stop, bad], one)
+        token_plan.token_layout(10, [stop, bad], one)
 
 
 # --- the token plan alone, over random data and topologies (no I/O) ------------------------
-
-
-def simulate_consumer(lengths, part, cuts, seq_len, batch, drop_last, first_id):
-    """What TokenDataset yields for one consumer: (tokens per batch, position after it)."""
-    packer = TokenPacker(seq_len, batch)
-    out = []
-    positions = [p for start, stop in part for p in range(start, stop)]
-    for index, position in enumerate(positions):
-        tokens = torch.arange(first_id[position], first_id[position] + lengths[position])
-        start = cuts.get(position, 0)
-        rest = tokens[start:]
-        for b, whole, offset in packer.add(index, start, rest, [len(rest)]):
-            out.append((b.flatten().tolist(), (whole, offset)))
-    for b, whole, offset in packer.finish(drop_last):
-        out.append((b.flatten().tolist(), (whole, offset)))
-    return out
-
-
-def simulate_run(lengths, interrupts, topology, seq_len, taken_per_rank):
-    """One run: every rank takes ``taken_per_rank`` batches (None: all) in torch's in-order
-    round robin. Returns (tokens received, the interrupt, streams per rank)."""
-    first_id = [0]
-    for n in lengths:
-        first_id.append(first_id[-1] + n)
-    layout, cuts = plan.token_layout(len(lengths), interrupts, topology)
-    tokens, positions, turns, finished, streams = [], [], [], [], []
-    for rank in range(topology.world_size):
-        outs = [
-            simulate_consumer(
-                lengths,
-                layout[rank][w],
-                cuts,
-                seq_len,
-                topology.batch_size,
-                topology.drop_last,
-                first_id,
-            )
-            for w in range(topology.workers)
-        ]
-        counts = [len(o) for o in outs]
-        limit = sum(counts) if taken_per_rank is None else min(taken_per_rank, sum(counts))
-        taken = [0] * topology.workers
-        turn, stream, w = 0, [], 0
-        while len(stream) < limit:
-            if taken[w] < counts[w]:
-                stream.append(outs[w][taken[w]][0])
-                taken[w] += 1
-                turn = (w + 1) % topology.workers
-            w = (w + 1) % topology.workers
-        tokens += [t for b in stream for t in b]
-        positions.append(
-            tuple(outs[w][taken[w] - 1][1] if taken[w] else (0, 0) for w in range(topology.workers))
-        )
-        turns.append(turn)
-        finished.append(limit == sum(counts))
-        streams.append(stream)
-    interrupt = plan.TokenInterrupt(topology, tuple(positions), tuple(turns), tuple(finished))
-    return tokens, interrupt, streams
-
-
-token_topology = st.builds(
-    plan.Topology,
-    world_size=st.integers(1, 6),
-    workers=st.integers(1, 4),
-    batch_size=st.integers(1, 4),
-    drop_last=st.booleans(),
-)
 
 
 @settings(max_examples=150, deadline=None)
@@ -434,7 +347,7 @@ token_topology = st.builds(
 def test_token_chains_yield_each_token_once(lengths, runs, last, seq_len, repeat):
     if repeat:
         last = runs[-1][0]
-    interrupts: list[plan.TokenInterrupt] = []
+    interrupts: list[token_plan.TokenInterrupt] = []
     received: list[int] = []
     consumers = 0
     for topology, taken in runs:
@@ -470,7 +383,7 @@ def test_same_topology_token_resume_is_the_uninterrupted_stream(lengths, topolog
 def token_rest(lengths, interrupts):
     """What a run after ``interrupts`` has left: its positions, sorted, and the token each
     one resumes at."""
-    layout, cuts = plan.token_layout(len(lengths), interrupts, plan.Topology(1, 1, 1, False))
+    layout, cuts = token_plan.token_layout(len(lengths), interrupts, plan.Topology(1, 1, 1, False))
     rest = sorted(p for start, stop in layout[0][0] for p in range(start, stop))
     return rest, {p: cuts[p] for p in rest if p in cuts}
 
@@ -487,14 +400,14 @@ def token_rest(lengths, interrupts):
 def test_two_token_runs_on_one_topology_are_one_run(
     lengths, before, topology, first, second, seq_len
 ):
-    """A token run resumed on its own topology merges with it (plan.TokenInterrupt.then): per
+    """A token run resumed on its own topology merges with it (token_plan.TokenInterrupt.then): per
     worker the records add up and the later offset wins, a worker that took nothing keeps its
     position, the turns add. The merged state is the one an uninterrupted run that took both
     runs' batches would have saved; it leaves the same records, cuts included; and a later run
     on that topology is laid out and streams exactly as after the two. (After the two, the rest
     lies in the second run's rotated worker order, after the merged one in epoch order, so a
     new topology splits the same records differently.)"""
-    earlier: tuple[plan.TokenInterrupt, ...] = ()
+    earlier: tuple[token_plan.TokenInterrupt, ...] = ()
     for t, taken in before:  # as the loader saves them: merged as they come
         _, interrupt, _ = simulate_run(lengths, list(earlier), t, seq_len, taken)
         earlier = plan.appended(earlier, interrupt)
@@ -508,7 +421,7 @@ def test_two_token_runs_on_one_topology_are_one_run(
         assert merged == [*earlier, whole]
     assert token_rest(lengths, composed) == token_rest(lengths, merged)
     (layout, cuts), (merged_layout, merged_cuts) = (
-        plan.token_layout(len(lengths), chain, topology) for chain in (composed, merged)
+        token_plan.token_layout(len(lengths), chain, topology) for chain in (composed, merged)
     )
     assert layout == merged_layout
     live = {p for parts in layout.values() for part in parts for a, b in part for p in range(a, b)}

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from syvain_training_data.loading import block_order, plan
+from syvain_training_data.loading import block_order, mixing, plan, record_plan
 from syvain_training_data.loading.block_order import BlockOrder, window_counts
 
 counts_strategy = st.lists(st.integers(1, 60), min_size=1, max_size=12)
@@ -46,7 +46,7 @@ def epoch_positions(selection: plan.Selection, epoch: int) -> list[tuple[int, in
 def consumers(
     selection: plan.Selection, total: int, topology: plan.Topology
 ) -> list[list[tuple[int, int]]]:
-    layout = plan.run_layout(selection, total, (), topology)
+    layout = record_plan.run_layout(selection, total, (), topology)
     return [part for rank in sorted(layout) for part in layout[rank]]
 
 
@@ -76,7 +76,8 @@ def test_parts_are_disjoint_complete_balanced_and_in_epoch_order(counts, topolog
         assert max(sizes) - min(sizes) <= 1
     if equal:
         batches = {
-            plan.rank_batches(selection, total, (), topology, r) for r in range(topology.world_size)
+            record_plan.rank_batches(selection, total, (), topology, r)
+            for r in range(topology.world_size)
         }
         assert len(batches) == 1
 
@@ -166,21 +167,23 @@ def test_resume_chains_yield_the_rest_exactly_once(counts, runs, last, equal, re
     for topology, batches in runs:
         for rank in range(topology.world_size):
             parts = [
-                plan.consumer_part(selection, total, interrupts, topology, rank, w)
+                record_plan.consumer_part(selection, total, interrupts, topology, rank, w)
                 for w in range(topology.workers)
             ]
             sizes = [len(positions(part)) for part in parts]
             per_worker = [
                 plan.batch_count(n, topology.batch_size, topology.drop_last) for n in sizes
             ]
-            taken = plan.round_robin_taken(per_worker, batches)
+            taken = record_plan.round_robin_taken(per_worker, batches)
             for part, count in zip(parts, taken, strict=True):
                 received.update(positions(part)[: count * topology.batch_size])
         interrupts.append(plan.Interrupt(topology, batches))
     for rank in range(last.world_size):
         for worker in range(last.workers):
             received.update(
-                positions(plan.consumer_part(selection, total, interrupts, last, rank, worker))
+                positions(
+                    record_plan.consumer_part(selection, total, interrupts, last, rank, worker)
+                )
             )
     assert all(count == 1 for count in received.values())
     if not equal:
@@ -193,20 +196,20 @@ def test_resume_chains_yield_the_rest_exactly_once(counts, runs, last, equal, re
 
 
 def test_round_robin_passes_over_exhausted_workers():
-    assert plan.round_robin_taken([1, 2, 2], 4) == [1, 2, 1]
-    assert plan.round_robin_taken([0, 3], 2) == [0, 2]
-    assert plan.round_robin_taken([2, 2], 99) == [2, 2]
+    assert record_plan.round_robin_taken([1, 2, 2], 4) == [1, 2, 1]
+    assert record_plan.round_robin_taken([0, 3], 2) == [0, 2]
+    assert record_plan.round_robin_taken([2, 2], 99) == [2, 2]
 
 
 @settings(max_examples=150, deadline=None)
 @given(
     lengths=st.lists(st.integers(0, 40), min_size=1, max_size=4),
     weights=st.lists(st.sampled_from([0.3, 1, 2, 3, 7.5]), min_size=4, max_size=4),
-    stop=st.sampled_from(plan.MIX_STOPS),
+    stop=st.sampled_from(mixing.MIX_STOPS),
     seed=st.integers(0, 1000),
 )
 def test_mixed_prefixes_match_the_merged_order(lengths, weights, stop, seed):
-    mixed = plan.MixedOrder(lengths, weights[: len(lengths)], stop, seed, 0)
+    mixed = mixing.MixedOrder(lengths, weights[: len(lengths)], stop, seed, 0)
     keys = sorted((mixed.key(s, i), s) for s, n in enumerate(lengths) for i in range(n))
     if stop == "first_exhausted":
         end = min((mixed.key(s, n), s) for s, n in enumerate(lengths))
@@ -218,7 +221,7 @@ def test_mixed_prefixes_match_the_merged_order(lengths, weights, stop, seed):
 
 
 def test_mixing_keeps_each_stage_share_in_every_stretch():
-    mixed = plan.MixedOrder([3000, 1000], [3, 1], "all_exhausted", 7, 0)
+    mixed = mixing.MixedOrder([3000, 1000], [3, 1], "all_exhausted", 7, 0)
     for start in range(0, 3600, 400):
         low, high = mixed.prefix(start), mixed.prefix(start + 400)
         assert abs((high[0] - low[0]) - 300) <= 2
@@ -291,9 +294,9 @@ def rank_rests(
 ) -> list[list[int]]:
     """Per rank, the positions its workers had not consumed when a run of
     ``interrupt.topology`` after ``interrupts`` stopped after ``interrupt.batches`` batches."""
-    layout = plan.run_layout(selection, total, interrupts, interrupt.topology)
+    layout = record_plan.run_layout(selection, total, interrupts, interrupt.topology)
     return [
-        sorted(p for rest in plan._unread(layout[rank], interrupt) for p in positions(rest))
+        sorted(p for rest in record_plan._unread(layout[rank], interrupt) for p in positions(rest))
         for rank in sorted(layout)
     ]
 
@@ -341,12 +344,12 @@ def test_two_runs_on_one_topology_are_one_run_of_both_batches(
         selection, total, merged[:-1], merged[-1]
     )
     # A later run of that topology: the same layout, worker for worker.
-    assert plan.run_layout(selection, total, composed, topology) == plan.run_layout(
+    assert record_plan.run_layout(selection, total, composed, topology) == record_plan.run_layout(
         selection, total, merged, topology
     )
     for rank in range(topology.world_size):
-        assert plan.rank_batches(selection, total, composed, topology, rank) == (
-            plan.rank_batches(selection, total, merged, topology, rank)
+        assert record_plan.rank_batches(selection, total, composed, topology, rank) == (
+            record_plan.rank_batches(selection, total, merged, topology, rank)
         )
     # A later run of any topology reads the records both left. (Not always worker for worker:
     # after the two runs the rest lies in the second run's worker order, rotated by the first
@@ -366,7 +369,7 @@ def test_two_runs_on_one_topology_are_one_run_of_both_batches(
 
 
 def left(selection, total, interrupts, topology) -> list[int]:
-    layout = plan.run_layout(selection, total, interrupts, topology)
+    layout = record_plan.run_layout(selection, total, interrupts, topology)
     return sorted(p for parts in layout.values() for part in parts for p in positions(part))
 
 

@@ -18,9 +18,14 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 from syvain_training_data import SyvainTrainingData  # noqa: E402
-from syvain_training_data.loading import plan, schedule  # noqa: E402
-from syvain_training_data.loading.packing import TokenPacker  # noqa: E402
-from syvain_training_data.loading.tokens import merge_token_states  # noqa: E402
+from syvain_training_data.loading import (  # noqa: E402
+    block_order,
+    mixing,
+    plan,
+    schedule,
+    token_plan,
+)
+from token_runs import run_ranks, simulate_run, token_topology  # noqa: E402
 
 # --- the order -------------------------------------------------------------------------------
 
@@ -28,7 +33,7 @@ from syvain_training_data.loading.tokens import merge_token_states  # noqa: E402
 def merged_by_brute_force(lengths, entries, stop, seed, epoch):
     """The scheduled order built record by record: each segment sorts the keys of every
     stream's remaining records (phases drawn in turn from the mix generator)."""
-    draw = plan._seeded(seed, epoch, "mix")
+    draw = block_order.seeded(seed, epoch, "mix")
     used = [0 for _ in lengths]
     order: list[int] = []
     for index, (start, weights) in enumerate(entries):
@@ -62,7 +67,7 @@ def schedules(draw, streams: int, most_position: int, min_weight: int = 1):
 @given(
     data=st.data(),
     lengths=st.lists(st.integers(0, 40), min_size=1, max_size=3),
-    stop=st.sampled_from(plan.MIX_STOPS),
+    stop=st.sampled_from(mixing.MIX_STOPS),
     seed=st.sampled_from([None, 0, 5]),
 )
 def test_the_scheduled_order_is_the_segment_by_segment_merge(data, lengths, stop, seed):
@@ -77,7 +82,7 @@ def test_the_scheduled_order_is_the_segment_by_segment_merge(data, lengths, stop
     stop_at = data.draw(st.integers(start, order.length))
     assert list(order.labels(start, stop_at)) == expected[start:stop_at]
     if len(entries) == 1:  # mixing_weights' order, bit for bit
-        mixed = plan.MixedOrder(lengths, entries[0][1], stop, seed, 3)
+        mixed = mixing.MixedOrder(lengths, entries[0][1], stop, seed, 3)
         assert mixed.length == order.length
         assert list(mixed.labels(0, mixed.length)) == expected
 
@@ -86,7 +91,7 @@ def test_the_scheduled_order_is_the_segment_by_segment_merge(data, lengths, stop
 @given(
     data=st.data(),
     lengths=st.lists(st.integers(1500, 4000), min_size=2, max_size=3),
-    stop=st.sampled_from(plan.MIX_STOPS),
+    stop=st.sampled_from(mixing.MIX_STOPS),
     seed=st.integers(0, 2**32),
 )
 def test_every_segment_keeps_each_stage_share_in_every_400_positions(data, lengths, stop, seed):
@@ -116,73 +121,6 @@ def test_the_order_costs_segments_not_records():
 # --- the segmented token layout ---------------------------------------------------------------
 
 
-def simulate_consumer(lengths, part, cuts, seq_len, batch, drop_last, first_id):
-    """What TokenDataset yields for one consumer: (tokens per batch, position after it)."""
-    packer = TokenPacker(seq_len, batch)
-    out = []
-    positions = [p for start, stop in part for p in range(start, stop)]
-    for index, position in enumerate(positions):
-        tokens = torch.arange(first_id[position], first_id[position] + lengths[position])
-        start = cuts.get(position, 0)
-        rest = tokens[start:]
-        for b, whole, offset in packer.add(index, start, rest, [len(rest)]):
-            out.append((b.flatten().tolist(), (whole, offset)))
-    for b, whole, offset in packer.finish(drop_last):
-        out.append((b.flatten().tolist(), (whole, offset)))
-    return out
-
-
-def simulate_run(lengths, interrupts, topology, seq_len, taken_per_rank, boundaries):
-    """One run laid out with ``boundaries``: every rank takes ``taken_per_rank`` batches (None:
-    all) in torch's in-order round robin. Returns (tokens received, the interrupt, streams)."""
-    first_id = [0]
-    for n in lengths:
-        first_id.append(first_id[-1] + n)
-    layout, cuts = plan.token_layout(len(lengths), interrupts, topology, None, boundaries)
-    tokens, positions, turns, finished, streams = [], [], [], [], []
-    for rank in range(topology.world_size):
-        outs = [
-            simulate_consumer(
-                lengths,
-                layout[rank][w],
-                cuts,
-                seq_len,
-                topology.batch_size,
-                topology.drop_last,
-                first_id,
-            )
-            for w in range(topology.workers)
-        ]
-        counts = [len(o) for o in outs]
-        limit = sum(counts) if taken_per_rank is None else min(taken_per_rank, sum(counts))
-        taken = [0] * topology.workers
-        turn, stream, w = 0, [], 0
-        while len(stream) < limit:
-            if taken[w] < counts[w]:
-                stream.append(outs[w][taken[w]][0])
-                taken[w] += 1
-                turn = (w + 1) % topology.workers
-            w = (w + 1) % topology.workers
-        tokens += [t for b in stream for t in b]
-        positions.append(
-            tuple(outs[w][taken[w] - 1][1] if taken[w] else (0, 0) for w in range(topology.workers))
-        )
-        turns.append(turn)
-        finished.append(limit == sum(counts))
-        streams.append(stream)
-    interrupt = plan.TokenInterrupt(topology, tuple(positions), tuple(turns), tuple(finished))
-    return tokens, interrupt, streams
-
-
-token_topology = st.builds(
-    plan.Topology,
-    world_size=st.integers(1, 6),
-    workers=st.integers(1, 4),
-    batch_size=st.integers(1, 4),
-    drop_last=st.booleans(),
-)
-
-
 @st.composite
 def segmented(draw):
     lengths = draw(st.lists(st.integers(0, 20), min_size=1, max_size=50))
@@ -203,7 +141,7 @@ def test_resumes_across_segment_boundaries_yield_each_token_once(case, runs, las
     lengths, boundaries = case
     if repeat:
         last = runs[-1][0]
-    interrupts: list[plan.TokenInterrupt] = []
+    interrupts: list[token_plan.TokenInterrupt] = []
     received: list[int] = []
     for topology, taken in runs:
         tokens, interrupt, _ = simulate_run(
@@ -246,13 +184,13 @@ def test_every_consumer_takes_its_share_of_each_segment(case, runs, topology):
     each segment, segment after segment (parts ascending); one boundary pair is today's
     layout."""
     lengths, boundaries = case
-    interrupts: tuple[plan.TokenInterrupt, ...] = ()
+    interrupts: tuple[token_plan.TokenInterrupt, ...] = ()
     for t, taken in runs:  # as a loader's state holds them: runs on one topology in a row merge
         interrupt = simulate_run(lengths, interrupts, t, 2, taken, boundaries)[1]
         interrupts = plan.appended(interrupts, interrupt)
     if interrupts and interrupts[-1].topology == topology:
         return  # a continuation keeps the interrupted run's parts
-    layout, _ = plan.token_layout(len(lengths), interrupts, topology, None, boundaries)
+    layout, _ = token_plan.token_layout(len(lengths), interrupts, topology, None, boundaries)
     parts = [part for rank in range(topology.world_size) for part in layout[rank]]
     for part in parts:
         flat = [p for a, b in part for p in range(a, b)]
@@ -269,18 +207,18 @@ def test_every_consumer_takes_its_share_of_each_segment(case, runs, topology):
             ]
             assert max(per_worker) - min(per_worker) <= 1
     if len(boundaries) == 2:
-        assert layout == plan.token_layout(len(lengths), interrupts, topology)[0]
+        assert layout == token_plan.token_layout(len(lengths), interrupts, topology)[0]
 
 
 def test_consumed_through_is_the_last_position_a_run_touched():
     topology = plan.Topology(2, 1, 1, False)
     segments = (6, 12)
-    layout, _ = plan.token_layout(12, [], topology, None, (0, *segments))
+    layout, _ = token_plan.token_layout(12, [], topology, None, (0, *segments))
     assert layout == {0: [[(0, 3), (6, 9)]], 1: [[(3, 6), (9, 12)]]}
     # rank 0 consumed 2 records and 5 tokens of the third, rank 1 four records (into segment 1)
-    stop = plan.TokenInterrupt(topology, (((2, 5),), ((4, 0),)), (0, 0), (False, False))
+    stop = token_plan.TokenInterrupt(topology, (((2, 5),), ((4, 0),)), (0, 0), (False, False))
     assert schedule.consumed_through(segments, [stop], topology) == 9
-    nothing = plan.TokenInterrupt(topology, (((0, 0),), ((0, 0),)), (0, 0), (False, False))
+    nothing = token_plan.TokenInterrupt(topology, (((0, 0),), ((0, 0),)), (0, 0), (False, False))
     assert schedule.consumed_through(segments, [nothing], topology) == -1
     old = ((0, (3.0, 1.0)), (6, (1.0, 3.0)))
     later = (*old, (10, (2.0, 2.0)))
@@ -330,27 +268,21 @@ SCHEDULE = [(0, {"web": 3, "code": 1}), (600, {"web": 1, "code": 3})]
 
 
 def run(client, uri, ranks, workers, batch, stop_after=None, *, state=None, **load):
-    """Every rank of a run, each taking ``stop_after`` batches (None: all). Returns the records
+    """Every rank of a run with seq_len 4 (see token_runs.run_ranks). Returns the records
     (first token // 4, code ones offset) received per rank and the merged state."""
-    args: dict[str, Any] = {"batch_size": batch, "num_workers": workers}
-    if workers:
-        args["multiprocessing_context"] = "fork"
-    loader = client.split_data_loader(uri, None, args)
-    received, states = [], []
-    for rank in range(ranks):
-        dl = loader.load_tokens("train", seq_len=4, rank=rank, world_size=ranks, **load)
-        if state is not None:
-            dl.load_state_dict(json.loads(json.dumps(state)))
-        records: list[int] = []
-        iterator = iter(dl)
-        for taken, b in enumerate(iterator):
-            records += [row[0] for row in b.tolist()]
-            if stop_after is not None and taken + 1 == stop_after:
-                break
-        del iterator
-        states.append(dl.state_dict())
-        received.append(records)
-    return received, merge_token_states(states)
+    batches, merged = run_ranks(
+        client,
+        uri,
+        ranks,
+        workers,
+        batch,
+        4,
+        stop_after,
+        state=state,
+        keep=torch.Tensor.tolist,
+        **load,
+    )
+    return [[row[0] for rows in rank for row in rows] for rank in batches], merged
 
 
 def web_share(records: list[int]) -> float:
@@ -360,7 +292,7 @@ def web_share(records: list[int]) -> float:
 def test_a_one_entry_schedule_is_mixing_weights(staged):
     client, uri = staged
     weights = {"web": 3, "code": 1}
-    for stop in plan.MIX_STOPS:
+    for stop in mixing.MIX_STOPS:
         by_weights, state = run(client, uri, 2, 0, 3, 5, mixing_weights=weights, mixing_stop=stop)
         one = [(0, weights)]
         by_schedule, scheduled = run(client, uri, 2, 0, 3, 5, mixing_schedule=one, mixing_stop=stop)

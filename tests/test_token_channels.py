@@ -4,7 +4,6 @@ ranks and fork workers, and resumed exactly on another topology."""
 
 from __future__ import annotations
 
-import json
 import random
 from collections import Counter
 from typing import Any
@@ -15,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 from syvain_training_data import SyvainTrainingData  # noqa: E402
 from syvain_training_data.loading.documents import cu_seqlens  # noqa: E402
-from syvain_training_data.loading.tokens import merge_token_states  # noqa: E402
+from token_runs import run_ranks  # noqa: E402
 
 FORMATS = ["msgpack.zstf", "jsonl.gz", "parquet"]
 EOS = -1
@@ -57,27 +56,15 @@ def sets(tmp_path_factory):
 
 
 def run(client, uri, ranks, workers, batch, seq_len, stop_after=None, *, state=None, **load):
-    """Every rank of a run, each taking ``stop_after`` batches (None: all); the batches per
-    rank and the merged state."""
-    args: dict[str, Any] = {"batch_size": batch, "num_workers": workers}
-    if workers:
-        args["multiprocessing_context"] = "fork"
-    loader = client.split_data_loader(uri, None, args)
-    received, states = [], []
-    for rank in range(ranks):
-        dl = loader.load_tokens("train", seq_len=seq_len, rank=rank, world_size=ranks, **load)
-        if state is not None:
-            dl.load_state_dict(json.loads(json.dumps(state)))
-        batches = []
-        iterator = iter(dl)
-        for taken, b in enumerate(iterator):
-            batches.append({k: v.clone() for k, v in b.items()})
-            if stop_after is not None and taken + 1 == stop_after:
-                break
-        del iterator
-        states.append(dl.state_dict())
-        received.append(batches)
-    return received, merge_token_states(states)
+    """Every rank of a run (see token_runs.run_ranks): the batches per rank, each a dict of
+    its own tensors (a ring slot goes back once its batch is gone), and the merged state."""
+    return run_ranks(
+        client, uri, ranks, workers, batch, seq_len, stop_after, state=state, keep=owned, **load
+    )
+
+
+def owned(batch: dict[str, Any]) -> dict[str, Any]:
+    return {key: value.clone() for key, value in batch.items()}
 
 
 def token_rows(received):

@@ -2,9 +2,9 @@
 
 Its ``state_dict()`` is a few integers: the epoch, and for each interrupted run of that epoch its
 topology and the batches each rank had received. Any rank's state resumes every rank of a new
-run with any topology (:func:`~syvain_training_data.loading.plan.run_layout` turns it back into
-the records not yet consumed). Consecutive runs on one topology merge into one entry (their
-batches add), so a state grows only when the topology changes; ``load_state_dict`` checks and
+run with any topology (:func:`~syvain_training_data.loading.record_plan.run_layout` turns it
+back into the records not yet consumed). Consecutive runs on one topology merge into one entry
+(their batches add), so a state grows only when the topology changes; ``load_state_dict`` checks and
 bounds every field before using it (:mod:`~syvain_training_data.loading.state`).
 """
 

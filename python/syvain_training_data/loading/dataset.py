@@ -14,7 +14,7 @@ from typing import Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from syvain_training_data.formats.shard_index import Segment
-from syvain_training_data.loading import plan
+from syvain_training_data.loading import plan, record_plan
 from syvain_training_data.loading import state as checks
 from syvain_training_data.loading.reader import ShardRange, consumer_records
 from syvain_training_data.loading.shard_indexes import ShardIndexes
@@ -144,13 +144,13 @@ class ShardDataset(IterableDataset[Any]):
     def left_in_epoch(self, workers: int, epoch: int, interrupts: Sequence[plan.Interrupt]) -> int:
         """Records all ranks read in a pass of ``epoch`` after ``interrupts``."""
         length = plan.epoch_length(self.selection, epoch)
-        return plan.left_in_epoch(self.selection, length, interrupts, self.topology(workers))
+        return record_plan.left_in_epoch(self.selection, length, interrupts, self.topology(workers))
 
     def rank_batches(self, workers: int, epoch: int, interrupts: Sequence[plan.Interrupt]) -> int:
         """Batches this rank yields in a pass of ``epoch`` after ``interrupts``."""
         length = plan.epoch_length(self.selection, epoch)
         topology = self.topology(workers)
-        return plan.rank_batches(self.selection, length, interrupts, topology, self.rank)
+        return record_plan.rank_batches(self.selection, length, interrupts, topology, self.rank)
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
@@ -171,7 +171,7 @@ class ShardDataset(IterableDataset[Any]):
     ) -> Iterator[Any]:
         epoch, interrupts = progress["epoch"], progress["interrupts"]
         length = plan.epoch_length(self.selection, epoch)
-        part = plan.consumer_part(
+        part = record_plan.consumer_part(
             self.selection, length, interrupts, self.topology(workers), self.rank, worker
         )
         intervals = plan.Level(part).slice(skip, length)

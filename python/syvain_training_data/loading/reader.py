@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from syvain_training_data.loading.block_order import Window, window_counts
-from syvain_training_data.loading.plan import MixedOrder, Order, StreamOrder
+from syvain_training_data.loading.mixing import MixedOrder
+from syvain_training_data.loading.plan import Order, StreamOrder
 from syvain_training_data.loading.schedule import ScheduledOrder
 
 __all__ = ["ShardRange", "consumer_records"]

@@ -4,14 +4,14 @@ along the epoch's mixed order. No I/O and no torch.
 A schedule is a list of (position, weights) entries, the first at position 0, positions
 strictly ascending; entry j holds for mixed positions [P_j, P_{j+1}) (counted across all ranks),
 its *segment*. Within a segment the streams' remaining records merge as in
-:class:`~syvain_training_data.loading.plan.MixedOrder`: stream s, of which C_j[s] records came
+:class:`~syvain_training_data.loading.mixing.MixedOrder`: stream s, of which C_j[s] records came
 before the segment, orders its i-th record by ``((i - C_j[s]) + phase_{j,s}) / share_{j,s}``.
 Segment 0's phases are drawn as MixedOrder draws them and later segments' continue the same
 draws, so a one-entry schedule is the ``mixing_weights`` order bit for bit. ``first_exhausted``
 ends the order where a segment's merge reaches the first key a stream cannot fill;
 ``all_exhausted`` keeps every record (a stream with nothing left takes no more positions).
 
-Token passes lay a scheduled epoch out segment by segment (``plan.token_layout``'s
+Token passes lay a scheduled epoch out segment by segment (``token_plan.token_layout``'s
 ``boundaries``): every consumer takes its even share of each segment, so all ranks and workers
 cross a boundary together. The boundaries the epoch's runs were laid out with (``segments``:
 the interior boundaries and the layout's length) and the schedule travel in the loader's state.
@@ -31,7 +31,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from syvain_training_data.loading import plan
+from syvain_training_data.loading import mixing, plan, token_plan
 from syvain_training_data.loading import state as checks
 from syvain_training_data.loading.block_order import seeded
 
@@ -44,6 +44,7 @@ __all__ = [
     "check_resume",
     "consumed_through",
     "entries",
+    "epoch_layout",
     "epoch_segments",
     "first_difference",
     "resolved",
@@ -52,6 +53,7 @@ __all__ = [
     "scheduled_order",
     "scheduled_token_layout",
     "segments_from_json",
+    "state_fields",
 ]
 
 MAX_SCHEDULE_ENTRIES = 64
@@ -209,7 +211,7 @@ def first_difference(
 
 class ScheduledOrder:
     """The mixed order of a schedule (see the module docstring): per segment a
-    :class:`~syvain_training_data.loading.plan.MixedOrder` of the records left, so that
+    :class:`~syvain_training_data.loading.mixing.MixedOrder` of the records left, so that
     ``prefix`` costs one segment's binary search."""
 
     def __init__(
@@ -224,13 +226,13 @@ class ScheduledOrder:
         self.lengths = list(lengths)
         self.starts: list[int] = []
         self.before: list[list[int]] = []  # per segment, records of each stream before it
-        self.parts: list[plan.MixedOrder] = []
+        self.parts: list[mixing.MixedOrder] = []
         used = [0 for _ in self.lengths]
         self.length = 0
         for index, (start, weights) in enumerate(schedule):
             phases = [draw.random() for _ in self.lengths]
             rest = [n - u for n, u in zip(self.lengths, used, strict=True)]
-            part = plan.MixedOrder(rest, weights, mix_stop, seed, epoch, phases)
+            part = mixing.MixedOrder(rest, weights, mix_stop, seed, epoch, phases)
             self.starts.append(start)
             self.before.append(list(used))
             self.parts.append(part)
@@ -287,24 +289,24 @@ def epoch_segments(selection: plan.Selection, epoch: int) -> tuple[int, ...]:
 def scheduled_token_layout(
     selection: plan.Selection,
     epoch: int,
-    interrupts: Sequence[plan.TokenInterrupt],
+    interrupts: Sequence[token_plan.TokenInterrupt],
     segments: Sequence[int] | None,
     topology: plan.Topology,
     rank: int | None = None,
 ) -> tuple[plan.Layout, dict[int, int]]:
-    """``plan.token_layout`` of a token pass: without a schedule as it is; with one, laid out
+    """``token_plan.token_layout`` of a token pass: without a schedule as it is; with one, laid out
     segment by segment with ``segments`` (the state's, when resuming; None: the epoch's own),
     each part clipped to the order's length (an edited schedule may end the order sooner)."""
     if selection.schedule is None:
         length = plan.epoch_length(selection, epoch)
-        return plan.token_layout(length, interrupts, topology, rank)
+        return token_plan.token_layout(length, interrupts, topology, rank)
     order = scheduled_order(selection, epoch)
     if segments is None:
         segments = order.boundaries()
     boundaries = (0, *segments)
-    layout, cuts = plan.token_layout(segments[-1], interrupts, topology, rank, boundaries)
+    layout, cuts = token_plan.token_layout(segments[-1], interrupts, topology, rank, boundaries)
     if segments[-1] > order.length:
-        # Parts are ascending (see plan.token_layout), so clipping keeps a prefix of each.
+        # Parts are ascending (see token_plan.token_layout), so clipping keeps a prefix of each.
         end = order.length
         layout = {
             r: [[(a, min(b, end)) for a, b in part if a < end] for part in parts]
@@ -315,7 +317,7 @@ def scheduled_token_layout(
 
 def consumed_through(
     segments: Sequence[int],
-    interrupts: Sequence[plan.TokenInterrupt],
+    interrupts: Sequence[token_plan.TokenInterrupt],
     topology: plan.Topology,
 ) -> int:
     """The largest epoch position the runs of ``interrupts`` (laid out with ``segments``)
@@ -323,7 +325,7 @@ def consumed_through(
     run of ``topology`` after them lays out (every rank); the rest was consumed, and records
     consumed in part are the layout's cuts."""
     length = segments[-1]
-    layout, cuts = plan.token_layout(length, interrupts, topology, None, (0, *segments))
+    layout, cuts = token_plan.token_layout(length, interrupts, topology, None, (0, *segments))
     left = plan.Level(sorted(i for parts in layout.values() for part in parts for i in part))
     highest = length - 1
     for start, stop in reversed(left.intervals):
@@ -337,7 +339,7 @@ def check_resume(
     old: Schedule,
     new: Schedule,
     segments: Sequence[int],
-    interrupts: Sequence[plan.TokenInterrupt],
+    interrupts: Sequence[token_plan.TokenInterrupt],
     topology: plan.Topology,
 ) -> None:
     """ValueError when a state whose runs used schedule ``old`` cannot resume with ``new``:
@@ -361,3 +363,27 @@ def _entry(entry: Entry | None) -> str:
         return "none"
     position, weights = entry
     return f"position {position} weights [{', '.join(map(repr, weights))}]"
+
+
+def epoch_layout(
+    selection: plan.Selection, epoch: int, segments: tuple[int, ...] | None
+) -> list[int] | None:
+    """With a mixing schedule: the segments ``epoch`` is laid out with (``segments``, a
+    resumed state's, else the epoch's own); None without one."""
+    if selection.schedule is None:
+        return None
+    return list(segments or epoch_segments(selection, epoch))
+
+
+def state_fields(
+    selection: plan.Selection, epoch: int, segments: Sequence[int] | None
+) -> dict[str, Any]:
+    """A scheduled loader's state fields: the schedule the runs used (the loader's: a state
+    it resumed differed only after what it had consumed) and the segments ``epoch`` is laid
+    out with; none without a schedule."""
+    if selection.schedule is None:
+        return {}
+    return {
+        "schedule": schedule_json(selection.schedule),
+        "segments": epoch_layout(selection, epoch, None if segments is None else tuple(segments)),
+    }

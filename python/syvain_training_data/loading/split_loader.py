@@ -8,12 +8,11 @@ rank's and worker's part of each epoch.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 try:
-    import torch
+    import torch  # noqa: F401 (the extra's check, before anything imports it)
 except ModuleNotFoundError as error:  # pragma: no cover - exercised without the extra
     raise ModuleNotFoundError(
         "SplitDataLoader needs PyTorch, the 'torch' extra: "
@@ -22,11 +21,10 @@ except ModuleNotFoundError as error:  # pragma: no cover - exercised without the
     ) from error
 
 from syvain_training_data.formats.shard_index import block_records
-from syvain_training_data.loading import plan
+from syvain_training_data.loading import arguments, mixing, plan
 from syvain_training_data.loading import schedule as schedules
 from syvain_training_data.loading.dataloader import SyvainDataLoader, endless
 from syvain_training_data.loading.dataset import ShardDataset, ShardTable, stream_tables
-from syvain_training_data.loading.packing import TRUNCATE_MODES, RowOptions
 from syvain_training_data.loading.selection import select_shards
 from syvain_training_data.loading.shard_indexes import has_index
 from syvain_training_data.loading.tensors import ColumnDataLoader, ColumnDataset, TensorCollate
@@ -40,12 +38,6 @@ __all__ = ["SplitDataLoader"]
 _WORKER_ONLY_ARGS = ("persistent_workers", "prefetch_factor", "multiprocessing_context")
 
 
-def _check_index(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
-    return value
-
-
 # Blocks a window may interleave (the interleaving names a block in 16 bits).
 MAX_WINDOW_BLOCKS: Final = 1024
 
@@ -57,93 +49,6 @@ def _block_sizes(
     return tuple(
         tuple(block_records(table.records[i], table.sizes[i]) for i in ids) for ids in stream_shards
     )
-
-
-def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """(rank, world_size): given explicitly, else from an initialised torch.distributed."""
-    if (rank is None) != (world_size is None):
-        raise ValueError("Pass both rank and world_size, or neither")
-    if rank is None or world_size is None:
-        distributed = torch.distributed
-        if distributed.is_available() and distributed.is_initialized():
-            return distributed.get_rank(), distributed.get_world_size()
-        return 0, 1
-    rank = _check_index(rank, "rank")
-    world_size = _check_index(world_size, "world_size")
-    if world_size < 1:
-        raise ValueError(f"world_size must be at least 1, got {world_size}")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-    return rank, world_size
-
-
-def _row_options(pack: bool, pad_id: int | None, truncate: str) -> RowOptions | None:
-    """``load_tokens``' row-per-record options (None: packed blocks), checked."""
-    if truncate not in TRUNCATE_MODES:
-        raise ValueError(f"truncate must be one of {', '.join(TRUNCATE_MODES)}, got {truncate!r}")
-    if pack:
-        if pad_id is not None:
-            raise ValueError("pad_id is for pack=False (packed blocks have no padding)")
-        return None
-    if pad_id is None:
-        raise ValueError("pack=False needs pad_id, the token that pads rows to seq_len")
-    return RowOptions(_check_index(pad_id, "pad_id"), truncate)
-
-
-MIN_MIXING_SHARE: Final = 2.0**-128
-"""The smallest share of the total weight a mixed curriculum stage may have."""
-
-
-def check_mixing_weights(stages: Sequence[str], weights: Sequence[object]) -> list[float]:
-    """The stages' mixing weights as floats, each checked: a positive finite number (int or
-    float, not bool) that a float holds, their sum finite, and each at least
-    :data:`MIN_MIXING_SHARE` (2**-128) of the sum, so that the mixed order's keys stay finite
-    and every stage keeps a non-zero share.
-
-    Raises ValueError naming the stage and the weight for every bad case (inf, nan, 0,
-    negative, a bool, a str, 10**400, weights whose sum overflows, 1e308 next to 1e-308).
-    """
-    values = []
-    for stage, weight in zip(stages, weights, strict=True):
-        value = math.nan
-        if isinstance(weight, int | float) and not isinstance(weight, bool):
-            try:
-                value = float(weight)
-            except OverflowError:
-                raise ValueError(
-                    f"Curriculum stage {stage!r} needs a positive finite weight, got "
-                    f"{_shown(weight)} (too large for a float)"
-                ) from None
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(
-                f"Curriculum stage {stage!r} needs a positive finite weight, got {_shown(weight)}"
-            )
-        values.append(value)
-    try:
-        total = math.fsum(values)
-    except OverflowError:  # "intermediate overflow in fsum"
-        total = math.inf
-    if not math.isfinite(total):
-        largest = max(range(len(values)), key=values.__getitem__)
-        raise ValueError(
-            f"Curriculum stage {stages[largest]!r} has weight {values[largest]!r}: the weights "
-            "sum beyond the largest float; scale them down"
-        )
-    for stage, value in zip(stages, values, strict=True):
-        if value / total < MIN_MIXING_SHARE:
-            raise ValueError(
-                f"Curriculum stage {stage!r} has weight {value!r}, less than 2**-128 of the "
-                f"weights' sum {total!r}: its share would vanish (leave the stage out instead)"
-            )
-    return values
-
-
-def _shown(weight: object) -> str:
-    """A weight for an error message, bounded (an int of thousands of digits is not echoed)."""
-    if isinstance(weight, int) and not isinstance(weight, bool) and weight.bit_length() > 64:
-        return f"an int of {weight.bit_length()} bits"
-    text = repr(weight)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class SplitDataLoader:
@@ -220,7 +125,7 @@ class SplitDataLoader:
                     f"({', '.join(stages)}), got {', '.join(map(str, mixing_weights))}"
                 )
             raw = dict(mixing_weights)
-        return check_mixing_weights(stages, [raw[stage] for stage in stages])
+        return arguments.check_mixing_weights(stages, [raw[stage] for stage in stages])
 
     def _plan(
         self,
@@ -265,8 +170,8 @@ class SplitDataLoader:
         if pairs is not None:
             if curriculum_stages is None:
                 raise ValueError("mixing_schedule needs curriculum_stages (the stages to mix)")
-            if mixing_stop not in plan.MIX_STOPS:
-                raise ValueError(f"mixing_stop must be one of {', '.join(plan.MIX_STOPS)}")
+            if mixing_stop not in mixing.MIX_STOPS:
+                raise ValueError(f"mixing_stop must be one of {', '.join(mixing.MIX_STOPS)}")
             schedule = schedules.resolved(
                 pairs, lambda entry: self._mixing_weights(split, stages, entry)
             )
@@ -274,16 +179,16 @@ class SplitDataLoader:
         elif mixing_weights is not None:
             if curriculum_stages is None:
                 raise ValueError("mixing_weights needs curriculum_stages (the stages to mix)")
-            if mixing_stop not in plan.MIX_STOPS:
-                raise ValueError(f"mixing_stop must be one of {', '.join(plan.MIX_STOPS)}")
+            if mixing_stop not in mixing.MIX_STOPS:
+                raise ValueError(f"mixing_stop must be one of {', '.join(mixing.MIX_STOPS)}")
             weights = tuple(self._mixing_weights(split, stages, mixing_weights))
         else:
             groups = [list(range(len(shards)))]
-        rank, world_size = _resolve_ranks(rank, world_size)
+        rank, world_size = arguments.resolve_ranks(rank, world_size)
         if seed is not None:
-            seed = _check_index(seed, "seed")
+            seed = arguments.check_int(seed, "seed")
         window = plan.DEFAULT_WINDOW if shuffle_buffer is None else shuffle_buffer
-        window = _check_index(window, "shuffle_buffer")
+        window = arguments.check_int(window, "shuffle_buffer")
         if not 0 <= window <= MAX_WINDOW_BLOCKS:
             raise ValueError(
                 f"shuffle_buffer must be in [0, {MAX_WINDOW_BLOCKS}] (blocks read together), "
@@ -427,7 +332,7 @@ class SplitDataLoader:
             collate = TensorCollate(columns, pad_value, max_length=max_length, truncate=truncate)
             # The workers batch and bundle the records themselves (batch_size None: one each).
             batch_size = args.pop("batch_size", 1)
-            batch_size = 1 if batch_size is None else _check_index(batch_size, "batch_size")
+            batch_size = 1 if batch_size is None else arguments.check_int(batch_size, "batch_size")
             columns_dataset = ColumnDataset(
                 **planned,
                 batch_size=batch_size,
@@ -538,12 +443,12 @@ class SplitDataLoader:
         del stateful  # every loader is stateful
         from syvain_training_data.loading.tokens import TokenDataLoader, TokenDataset
 
-        seq_len = _check_index(seq_len, "seq_len")
+        seq_len = arguments.check_int(seq_len, "seq_len")
         if seq_len < 1:
             raise ValueError(f"seq_len must be at least 1, got {seq_len}")
         if eos_id is not None:
-            eos_id = _check_index(eos_id, "eos_id")
-        rows = _row_options(pack, pad_id, truncate)
+            eos_id = arguments.check_int(eos_id, "eos_id")
+        rows = arguments.row_options(pack, pad_id, truncate)
         if loss_mask_column is not None and (
             not isinstance(loss_mask_column, str) or loss_mask_column == column
         ):
@@ -565,7 +470,7 @@ class SplitDataLoader:
             mixing_schedule=mixing_schedule,
         )
         batch_size = args.pop("batch_size", 1)
-        batch_size = 1 if batch_size is None else _check_index(batch_size, "batch_size")
+        batch_size = 1 if batch_size is None else arguments.check_int(batch_size, "batch_size")
         drop_last = bool(args.pop("drop_last", False))
         dataset = TokenDataset(
             **planned,

@@ -1,4 +1,4 @@
-"""Sequence packing: ``SplitDataLoader.load_tokens`` (issue 16).
+"""Sequence packing: ``SplitDataLoader.load_tokens``.
 
 Each consumer (rank, worker) reads its part of the epoch order (the record plan of
 :mod:`~syvain_training_data.loading.plan`), concatenates its records' token lists, with
@@ -18,7 +18,6 @@ import bisect
 import copy
 import dataclasses
 import hashlib
-import itertools
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -26,7 +25,7 @@ from typing import Any
 import torch
 from torch.utils.data import get_worker_info
 
-from syvain_training_data.loading import plan
+from syvain_training_data.loading import plan, token_plan, token_state
 from syvain_training_data.loading import schedule as schedules
 from syvain_training_data.loading import state as checks
 from syvain_training_data.loading.bundles import (
@@ -54,6 +53,7 @@ from syvain_training_data.loading.reader import ShardRange, consumer_records
 from syvain_training_data.loading.shard_indexes import ShardIndexes
 from syvain_training_data.loading.stats import PUBLISH_MASK
 from syvain_training_data.loading.tensors import int_lists
+from syvain_training_data.loading.token_state import merge_token_states
 from syvain_training_data.loading.transfer import BatchRing, for_transfer
 from syvain_training_data.shard import iter_shard_batches
 
@@ -86,7 +86,7 @@ class TokenDataset(ShardDataset):
         self.mask_column = mask_column
         self.rows = rows
         self.channels = TokenChannels(documents, mask_column is not None, rows is not None)
-        self.token_interrupts: tuple[plan.TokenInterrupt, ...] = ()
+        self.token_interrupts: tuple[token_plan.TokenInterrupt, ...] = ()
         # Set by the loader before it forks workers: how their batches reach it, and how many
         # travel as one DataLoader item.
         self.ring: BatchRing | None = None
@@ -123,7 +123,7 @@ class TokenDataset(ShardDataset):
     def _batches(
         self,
         epoch: int,
-        interrupts: Sequence[plan.TokenInterrupt],
+        interrupts: Sequence[token_plan.TokenInterrupt],
         worker: int,
         workers: int,
     ) -> Iterator[_Tagged]:
@@ -147,7 +147,7 @@ class TokenDataset(ShardDataset):
             part,
             lambda r: counters.watch(open_range(r, indexes)),
         )
-        cut_at = _cuts_by_index(part, cuts)
+        cut_at = token_plan.cuts_by_index(part, cuts)
         if self.rows is not None:
             if cut_at:  # a row-per-record state never cuts a record
                 raise ValueError("This loader state cuts a record, which pack=False never does")
@@ -292,26 +292,7 @@ def _sent(bundles: Iterator[Bundle], ring: BatchRing | None) -> Iterator[Bundle]
         yield worker, last, sent
 
 
-def _cuts_by_index(part: Sequence[tuple[int, int]], cuts: dict[int, int]) -> dict[int, int]:
-    """``cuts`` (epoch position -> tokens of it already consumed) by index in ``part``, in
-    O((intervals + cuts) log intervals): a state can name a cut per consumer of its runs."""
-    spans = []
-    base = 0
-    for start, stop in part:
-        spans.append((start, stop, base))
-        base += stop - start
-    spans.sort()
-    starts = [start for start, _, _ in spans]
-    by_index: dict[int, int] = {}
-    for position, tokens in cuts.items():
-        k = bisect.bisect_right(starts, position) - 1
-        if k >= 0 and position < spans[k][1]:
-            start, _, base = spans[k]
-            by_index[base + position - start] = tokens
-    return by_index
-
-
-class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
+class TokenDataLoader(EpochLoader[token_plan.TokenInterrupt]):
     """The DataLoader ``load_tokens`` returns: int64 tensors of shape (batch, seq_len). Each
     pass is the next epoch; ``state_dict`` / ``load_state_dict`` resume exactly on any number of
     ranks, workers and any batch size (see :func:`merge_token_states` for ranks that are not one
@@ -353,22 +334,22 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
             "positions": [(0, 0)] * workers,
             "turn": 0,
             "finished": False,
-            "segments": self._epoch_segments(epoch, segments),
+            "segments": schedules.epoch_layout(self.dataset.selection, epoch, segments),
         }
         self._pass = progress
         batches = _tracked(self._worker_batches(), progress, workers, self.dataset.ring)
         return self._passing(self._stats.timed(batches, started))
 
     def _rank_entry(
-        self, progress: dict[str, Any], earlier: plan.TokenInterrupt | None
+        self, progress: dict[str, Any], earlier: token_plan.TokenInterrupt | None
     ) -> list[int]:
         """This rank's [rank, turn, finished, records, offset, ...] in this pass; merged with
         its entry in ``earlier``, the run this pass resumed on the same topology, when given
-        (the two runs are then one: see ``plan.token_rank_then``)."""
+        (the two runs are then one: see ``token_plan.token_rank_then``)."""
         positions, turn = progress["positions"], progress["turn"]
         if earlier is not None:
             rank = self.dataset.rank
-            positions, turn = plan.token_rank_then(
+            positions, turn = token_plan.token_rank_then(
                 earlier.positions[rank], earlier.turns[rank], positions, turn
             )
         flat = [value for position in positions for value in position]
@@ -384,20 +365,21 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
         :func:`merge_token_states`."""
         progress = self._pass
         topology = self._topology
+        selection = self.dataset.selection
         state: dict[str, Any] = {
             "version": STATE_VERSION,
             "kind": STATE_KIND,
             "selection": self.dataset.fingerprint(),
         }
         if progress is None:
-            interrupts = [_interrupt_json(i) for i in self._resume]
+            interrupts = [token_state.interrupt_json(i) for i in self._resume]
             segments = self._segments if self._resume else None
-            scheduled = self._schedule_fields(self._next_epoch, segments)
+            scheduled = schedules.state_fields(selection, self._next_epoch, segments)
             return {**state, **scheduled, "epoch": self._next_epoch, "interrupts": interrupts}
         if progress["finished"] and topology.world_size == 1:
-            scheduled = self._schedule_fields(progress["epoch"] + 1, None)
+            scheduled = schedules.state_fields(selection, progress["epoch"] + 1, None)
             return {**state, **scheduled, "epoch": progress["epoch"] + 1, "interrupts": []}
-        before: tuple[plan.TokenInterrupt, ...] = progress["interrupts"]
+        before: tuple[token_plan.TokenInterrupt, ...] = progress["interrupts"]
         earlier = None
         if before and before[-1].topology == topology:  # this pass resumed that run
             before, earlier = before[:-1], before[-1]
@@ -406,33 +388,17 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
             raise RuntimeError(
                 f"This epoch's loader state {problem}; finish the epoch before saving another state"
             )
-        entries = _gather(self._rank_entry(progress, earlier), topology.world_size)
-        interrupts = [_interrupt_json(i) for i in before]
+        entries = token_state.gather_entries(
+            self._rank_entry(progress, earlier), topology.world_size
+        )
+        interrupts = [token_state.interrupt_json(i) for i in before]
         return {
             **state,
-            **self._schedule_fields(progress["epoch"], progress["segments"]),
+            **schedules.state_fields(
+                self.dataset.selection, progress["epoch"], progress["segments"]
+            ),
             "epoch": progress["epoch"],
             "interrupts": [*interrupts, [*topology.to_json(), entries]],
-        }
-
-    def _epoch_segments(self, epoch: int, segments: tuple[int, ...] | None) -> list[int] | None:
-        """With a mixing schedule: the segments ``epoch`` is laid out with (``segments``, a
-        resumed state's, else the epoch's own); None without one."""
-        selection = self.dataset.selection
-        if selection.schedule is None:
-            return None
-        return list(segments or schedules.epoch_segments(selection, epoch))
-
-    def _schedule_fields(self, epoch: int, segments: Sequence[int] | None) -> dict[str, Any]:
-        """A scheduled loader's state fields: the schedule the runs used (this loader's: a
-        state it resumed differed only after what it had consumed) and the segments ``epoch``
-        is laid out with."""
-        selection = self.dataset.selection
-        if selection.schedule is None:
-            return {}
-        return {
-            "schedule": schedules.schedule_json(selection.schedule),
-            "segments": self._epoch_segments(epoch, None if segments is None else tuple(segments)),
         }
 
     def _resumed_schedule(
@@ -491,14 +457,18 @@ class TokenDataLoader(EpochLoader[plan.TokenInterrupt]):
             length, boundaries = segments[-1], (0, *segments)
         else:
             length = plan.epoch_length(self.dataset.selection, epoch)
-        interrupts = _interrupts_from_json(checks.field(state, "interrupts"), length, records)
+        interrupts = token_state.interrupts_from_json(
+            checks.field(state, "interrupts"), length, records
+        )
         # Runs on one topology at the end are one run: exact, as no run has been laid out
         # after them yet.
         interrupts = plan.merged_tail(interrupts)
         if interrupts and all(interrupts[-1].finished):
             epoch, interrupts = epoch + 1, ()  # every rank had finished the epoch
         elif interrupts:  # positions past a part or back inside a record: ValueError now
-            plan.token_layout(length, interrupts, self._topology, self.dataset.rank, boundaries)
+            token_plan.token_layout(
+                length, interrupts, self._topology, self.dataset.rank, boundaries
+            )
             if schedule is not None and old is not None and segments is not None:
                 schedules.check_resume(old, schedule, segments, interrupts, self._topology)
         self._segments = segments if interrupts else None
@@ -519,137 +489,3 @@ def _tracked(
         progress["turn"] = (worker + 1) % workers
         yield batch
     progress["finished"] = True
-
-
-def _gather(entry: list[int], world_size: int) -> list[list[int]]:
-    distributed = torch.distributed
-    if (
-        world_size > 1
-        and distributed.is_available()
-        and distributed.is_initialized()
-        and distributed.get_world_size() == world_size
-    ):
-        gathered: list[Any] = [None] * world_size
-        distributed.all_gather_object(gathered, entry)
-        return sorted(gathered)
-    return [entry]
-
-
-def _interrupt_json(interrupt: plan.TokenInterrupt) -> list[Any]:
-    entries = [
-        [rank, turn, int(finished), *(value for position in positions for value in position)]
-        for rank, (positions, turn, finished) in enumerate(
-            zip(interrupt.positions, interrupt.turns, interrupt.finished, strict=True)
-        )
-    ]
-    return [*interrupt.topology.to_json(), entries]
-
-
-def _interrupts_from_json(
-    value: object, length: int, records: int
-) -> tuple[plan.TokenInterrupt, ...]:
-    """A token state's ``interrupts`` in an epoch of ``length`` records of a selection of
-    ``records``, checked field by field (ValueError naming it) before anything is computed from
-    them; the consumers of all entries are bounded before their positions are read, so the
-    work is that of the state's size."""
-    entries = checks.items(value, "interrupts", checks.MAX_ENTRIES)
-    interrupts = []
-    consumers = 0
-    for index, entry in enumerate(entries):
-        name = f"interrupts[{index}]"
-        topology = plan.Topology.from_json(checks.items(entry, name, 5, exactly=5), name)
-        topology.check_workers(records, name)
-        consumers += topology.consumers
-        if consumers > checks.MAX_STATE_CONSUMERS:
-            raise ValueError(
-                f"Invalid loader state: interrupts name more than {checks.MAX_STATE_CONSUMERS} "
-                "consumers (ranks x workers over its runs)"
-            )
-        interrupts.append(_interrupt_from_json(topology, entry[4], f"{name}[4]", length))
-    problem = plan.beyond_bounds([interrupt.topology for interrupt in interrupts])
-    if problem is not None:
-        raise ValueError(f"Invalid loader state: interrupts {problem}")
-    return tuple(interrupts)
-
-
-def _interrupt_from_json(
-    topology: plan.Topology, value: object, name: str, length: int
-) -> plan.TokenInterrupt:
-    """One run's per-rank entries [rank, turn, finished, records, offset, ...] (``name``) in
-    an epoch of ``length`` records."""
-    world, workers = topology.world_size, topology.workers
-    entries = checks.items(value, name, world)
-    width = 3 + 2 * workers
-    by_rank: dict[int, tuple[tuple[tuple[int, int], ...], int, bool]] = {}
-    for k, item in enumerate(entries):
-        where = f"{name}[{k}]"
-        entry = checks.items(item, where, width, exactly=width)
-        rank = checks.integer(entry[0], f"{where}[0] (rank)", 0, world - 1)
-        if rank in by_rank:
-            raise ValueError(f"Invalid loader state: {where}[0] (rank) repeats rank {rank}")
-        turn = checks.integer(entry[1], f"{where}[1] (turn)", 0, workers - 1)
-        finished = checks.flag(entry[2], f"{where}[2] (finished)")
-        positions = tuple(
-            (
-                checks.integer(entry[3 + 2 * w], f"{where}[{3 + 2 * w}] (records)", 0, length),
-                checks.integer(entry[4 + 2 * w], f"{where}[{4 + 2 * w}] (token offset)"),
-            )
-            for w in range(workers)
-        )
-        by_rank[rank] = (positions, turn, finished)
-    if len(by_rank) != world:
-        # The first few missing ranks: at most len(entries) + 8 steps, whatever world says.
-        missing = list(itertools.islice((r for r in range(world) if r not in by_rank), 8))
-        more = " ..." if world - len(by_rank) > len(missing) else ""
-        raise ValueError(
-            f"This token loader state lacks the positions of rank(s) "
-            f"{', '.join(map(str, missing))}{more} of {world} ({name}): call state_dict on "
-            "every rank of a torch.distributed group, or merge every rank's state with "
-            "merge_token_states"
-        )
-    ranks = [by_rank[r] for r in range(world)]
-    return plan.TokenInterrupt(
-        topology,
-        tuple(positions for positions, _, _ in ranks),
-        tuple(turn for _, turn, _ in ranks),
-        tuple(finished for _, _, finished in ranks),
-    )
-
-
-def merge_token_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One state from the ``state_dict()`` of every rank of a token loader whose ranks are not
-    one torch.distributed group (each then holds only its own positions).
-
-    Raises ValueError when the states are of different selections, epochs or runs, or not
-    token loader states (``load_state_dict`` checks the merged state field by field)."""
-    if not states:
-        raise ValueError("merge_token_states needs at least one state")
-    for k, state in enumerate(states):
-        if not isinstance(state, dict) or not isinstance(state.get("interrupts"), list):
-            raise ValueError(f"states[{k}] is not a token loader state")
-    first = states[0]
-    for state in states:
-        if {k: v for k, v in state.items() if k != "interrupts"} != {
-            k: v for k, v in first.items() if k != "interrupts"
-        } or len(state["interrupts"]) != len(first["interrupts"]):
-            raise ValueError("These token loader states come from different runs")
-    if not first["interrupts"]:
-        return dict(first)
-    seen: dict[int, list[int]] = {}
-    last: list[Any] = []
-    for k, state in enumerate(states):
-        entry = checks.items(state["interrupts"][-1], f"states[{k}] interrupts[-1]", 5, exactly=5)
-        if not last:
-            last = [*entry[:4], []]
-        if entry[:4] != last[:4] or state["interrupts"][:-1] != first["interrupts"][:-1]:
-            raise ValueError("These token loader states come from different runs")
-        ranks = checks.items(entry[4], f"states[{k}] interrupts[-1][4]", checks.MAX_WORLD_SIZE)
-        for j, rank_entry in enumerate(ranks):
-            where = f"states[{k}] interrupts[-1][4][{j}]"
-            checks.items(rank_entry, where, 3 + 2 * checks.MAX_WORKERS)
-            if not rank_entry:
-                raise ValueError(f"Invalid loader state: {where} is empty")
-            rank = checks.integer(rank_entry[0], f"{where}[0] (rank)", 0, checks.MAX_WORLD_SIZE - 1)
-            seen[rank] = rank_entry
-    last[4] = [seen[rank] for rank in sorted(seen)]
-    return {**first, "interrupts": [*first["interrupts"][:-1], last]}

@@ -1,0 +1,191 @@
+"""The plan of record passes (``load``): who reads which records in a run after earlier runs
+of the epoch stopped, as pure functions of record counts, batch counts and topologies (no I/O,
+no torch; see :mod:`~syvain_training_data.loading.plan` for the terms).
+
+A record pass's interrupt holds per rank the batches the training loop received; what each
+worker consumed follows from torch's in-order round robin over its workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from syvain_training_data.loading.plan import (
+    Interrupt,
+    Layout,
+    Level,
+    Selection,
+    Topology,
+    batch_count,
+    worker_parts,
+)
+
+__all__ = ["consumer_part", "left_in_epoch", "rank_batches", "round_robin_taken", "run_layout"]
+
+
+def round_robin_taken(batches: Sequence[int], received: int) -> list[int]:
+    """Batches taken from each worker once ``received`` batches came out of a torch DataLoader
+    whose workers hold ``batches``: it takes one from each worker in turn, passing over
+    exhausted ones (in-order delivery). A rank with fewer batches gives all of them."""
+    return _round_robin(batches, received)[0]
+
+
+def _round_robin(batches: Sequence[int], received: int) -> tuple[list[int], int]:
+    """(batches taken from each worker, the worker whose turn comes next) after ``received``
+    batches of torch's in-order round robin (see round_robin_taken)."""
+    taken = [0 for _ in batches]
+    active = [w for w, count in enumerate(batches) if count > 0]
+    last = -1
+    while received > 0 and active:
+        rounds = min(min(batches[w] - taken[w] for w in active), received // len(active))
+        if rounds == 0:  # a last, partial round
+            for w in active[:received]:
+                taken[w] += 1
+            last = active[received - 1]
+            break
+        for w in active:
+            taken[w] += rounds
+        received -= rounds * len(active)
+        last = active[-1]
+        active = [w for w in active if taken[w] < batches[w]]
+    return taken, (last + 1) % len(batches)
+
+
+def _balanced(level: Level, world_size: int, equal_batches: bool) -> Level:
+    # Equal batches: every rank gets the same number of records, so the same worker parts and
+    # batch counts; fewer than world_size records of the level are left out.
+    if not equal_batches:
+        return level
+    return level.head(level.length // world_size * world_size)
+
+
+def _length(intervals: Sequence[tuple[int, int]]) -> int:
+    return sum(stop - start for start, stop in intervals)
+
+
+def _unread(
+    parts: list[list[tuple[int, int]]], interrupt: Interrupt
+) -> list[list[tuple[int, int]]]:
+    """Per worker, what is left of its part once its rank received ``interrupt.batches``."""
+    topology = interrupt.topology
+    sizes = [_length(part) for part in parts]
+    batches = [batch_count(n, topology.batch_size, topology.drop_last) for n in sizes]
+    taken = round_robin_taken(batches, interrupt.batches)
+    return [
+        Level(part).slice(min(count * topology.batch_size, size), size)
+        for part, size, count in zip(parts, sizes, taken, strict=True)
+    ]
+
+
+def _continued(
+    parts: list[list[tuple[int, int]]], interrupt: Interrupt
+) -> list[list[tuple[int, int]]]:
+    """The same topology again: each worker takes one old worker's unread rest, rotated so the
+    DataLoader's first turn goes to the worker whose turn was next: record for record the
+    uninterrupted run."""
+    topology = interrupt.topology
+    batches = [
+        batch_count(_length(part), topology.batch_size, topology.drop_last) for part in parts
+    ]
+    turn = _round_robin(batches, interrupt.batches)[1]
+    rest = _unread(parts, interrupt)
+    return [rest[(worker + turn) % topology.workers] for worker in range(topology.workers)]
+
+
+def run_layout(
+    selection: Selection,
+    epoch_length: int,
+    interrupts: Sequence[Interrupt],
+    topology: Topology,
+    rank: int | None = None,
+) -> Layout:
+    """Who reads what in a run of ``topology`` after the ``interrupts`` of this epoch (only
+    ``rank``'s part of the run itself when given; earlier runs are laid out whole).
+
+    A run on a new topology splits what is left evenly (ranks, then workers, in epoch order);
+    a run on the interrupted run's topology continues it exactly."""
+    ranks = range(topology.world_size) if rank is None else [rank]
+    return _layout(selection, epoch_length, interrupts, topology, ranks)
+
+
+def _ranks_with_records(length: int, world_size: int) -> Sequence[int]:
+    """The ranks whose part of a level of ``length`` positions is not empty, ascending, in
+    min(length, world_size) steps (with fewer positions than ranks, each holds one: position
+    p is rank r's when r < (p + 1) x world_size / length <= r + 1)."""
+    if length >= world_size:
+        return range(world_size)
+    return [-(-(p + 1) * world_size // length) - 1 for p in range(length)]
+
+
+def _layout(
+    selection: Selection,
+    epoch_length: int,
+    interrupts: Sequence[Interrupt],
+    topology: Topology,
+    ranks: Sequence[int] | None,
+) -> Layout:
+    """``run_layout`` for ``ranks`` of the run itself (None: the ranks that hold records).
+
+    Earlier runs are laid out for their ranks that hold records only: the others read nothing
+    and leave nothing. So the work per earlier run grows with min(ranks, records) x workers,
+    never with the ranks alone: a state naming 2^20 ranks over a small split costs what the
+    split's records do."""
+    topologies = [interrupt.topology for interrupt in interrupts] + [topology]
+    level = Level([(0, epoch_length)])
+    layout: Layout = {}
+    for index, current in enumerate(topologies):
+        wanted = ranks if index == len(interrupts) else None
+        if index > 0 and current == topologies[index - 1]:
+            before, previous = layout, interrupts[index - 1]
+            layout = {
+                r: _continued(before[r], previous)
+                if r in before
+                else [[] for _ in range(current.workers)]
+                for r in (before.keys() if wanted is None else wanted)
+            }
+            continue
+        if index > 0:
+            previous = interrupts[index - 1]
+            level = Level(
+                [i for parts in layout.values() for rest in _unread(parts, previous) for i in rest]
+            )
+        level = _balanced(level, current.world_size, selection.equal_batches)
+        if wanted is None:
+            wanted = _ranks_with_records(level.length, current.world_size)
+        layout = {
+            r: [level.slice(start, stop) for start, stop in worker_parts(level, current, r)]
+            for r in wanted
+        }
+    return layout
+
+
+def consumer_part(
+    selection: Selection,
+    epoch_length: int,
+    interrupts: Sequence[Interrupt],
+    topology: Topology,
+    rank: int,
+    worker: int,
+) -> list[tuple[int, int]]:
+    """Epoch intervals consumer (rank, worker) reads in a run after ``interrupts``."""
+    return run_layout(selection, epoch_length, interrupts, topology, rank)[rank][worker]
+
+
+def rank_batches(
+    selection: Selection,
+    epoch_length: int,
+    interrupts: Sequence[Interrupt],
+    topology: Topology,
+    rank: int,
+) -> int:
+    """Batches ``rank`` yields in a run after ``interrupts``."""
+    parts = run_layout(selection, epoch_length, interrupts, topology, rank)[rank]
+    return sum(batch_count(_length(p), topology.batch_size, topology.drop_last) for p in parts)
+
+
+def left_in_epoch(
+    selection: Selection, epoch_length: int, interrupts: Sequence[Interrupt], topology: Topology
+) -> int:
+    """Records a run of ``topology`` after ``interrupts`` reads, over all its consumers."""
+    layout = _layout(selection, epoch_length, interrupts, topology, None)
+    return sum(_length(part) for parts in layout.values() for part in parts)

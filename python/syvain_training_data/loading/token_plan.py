@@ -1,0 +1,199 @@
+"""The plan of token passes (``load_tokens``): who reads which records in a run after earlier
+runs of the epoch stopped inside records, as pure functions (no I/O, no torch).
+
+Token blocks cut records, so a token pass's interrupt holds per worker a position (records
+wholly consumed, tokens of the next), not a batch count; the record plan's levels, parts and
+topologies (:mod:`~syvain_training_data.loading.plan`) are otherwise the same.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from syvain_training_data.loading.plan import Layout, Level, Topology, worker_parts
+
+__all__ = ["Position", "TokenInterrupt", "cuts_by_index", "token_layout", "token_rank_then"]
+
+
+@dataclass(frozen=True)
+class TokenInterrupt:
+    """A token pass (``load_tokens``) stopped. Token blocks cut records, so what a consumer
+    consumed cannot follow from batch counts: per rank and worker, ``positions`` holds (records
+    of its part wholly consumed, tokens consumed of the next record, counted from the record's
+    start; 0 when this run took none of it). Per rank, ``turns`` is the worker whose turn came
+    next and ``finished`` whether the rank had received all its batches."""
+
+    topology: Topology
+    positions: tuple[tuple[tuple[int, int], ...], ...]
+    turns: tuple[int, ...]
+    finished: tuple[bool, ...]
+
+    def __post_init__(self) -> None:
+        ranks, workers = self.topology.world_size, self.topology.workers
+        if len(self.positions) != ranks or len(self.turns) != ranks or len(self.finished) != ranks:
+            raise ValueError(f"A token loader state needs every one of its {ranks} ranks")
+        for rank, (positions, turn) in enumerate(zip(self.positions, self.turns, strict=True)):
+            if len(positions) != workers or not 0 <= turn < workers:
+                raise ValueError(f"Invalid token loader state for rank {rank}")
+            if any(records < 0 or offset < 0 for records, offset in positions):
+                raise ValueError(f"Invalid token loader state for rank {rank}")
+
+    def then(self, later: TokenInterrupt) -> TokenInterrupt:
+        """This run and ``later``, a run on the same topology that resumed it, as one run (see
+        :func:`token_rank_then`)."""
+        if later.topology != self.topology:
+            raise ValueError("Only runs on one topology merge")
+        ranks = [
+            token_rank_then(self.positions[r], self.turns[r], later.positions[r], later.turns[r])
+            for r in range(self.topology.world_size)
+        ]
+        return TokenInterrupt(
+            self.topology,
+            tuple(positions for positions, _ in ranks),
+            tuple(turn for _, turn in ranks),
+            later.finished,
+        )
+
+
+Position = tuple[int, int]
+
+
+def token_rank_then(
+    positions: Sequence[Position],
+    turn: int,
+    later_positions: Sequence[Position],
+    later_turn: int,
+) -> tuple[tuple[Position, ...], int]:
+    """One rank's (positions, turn) after a run and a later run on the same topology that
+    resumed it, as one run's.
+
+    The later run's worker w read the rest of the earlier run's worker (w + turn) % workers
+    (``token_layout``), counting its records from there and its token offset from the start of
+    the record, as the earlier run did; a worker that took nothing keeps the earlier position,
+    cut included. The turns add. (tests/test_load_tokens.py checks that the merged run leaves
+    what the two leave.)"""
+    workers = len(positions)
+    merged = list(positions)
+    for worker, (records, offset) in enumerate(later_positions):
+        if records or offset:
+            earlier = (worker + turn) % workers
+            merged[earlier] = (positions[earlier][0] + records, offset)
+    return tuple(merged), (turn + later_turn) % workers
+
+
+def _unread_tokens(
+    parts: list[list[tuple[int, int]]],
+    positions: Sequence[tuple[int, int]],
+    cuts: dict[int, int],
+) -> list[list[tuple[int, int]]]:
+    """Per worker, the rest of its part after ``positions``; a record a block cut is kept
+    whole, and ``cuts`` records where its unconsumed tokens start."""
+    rests = []
+    for part, (records, offset) in zip(parts, positions, strict=True):
+        level = Level(part)
+        if records > level.length or (records == level.length and offset > 0):
+            raise ValueError(
+                f"Token loader state consumed {records} records of a part of {level.length}"
+            )
+        rest = level.slice(records, level.length)
+        if offset > 0:
+            first = rest[0][0]
+            if offset <= cuts.get(first, 0):
+                raise ValueError(f"Token loader state went back inside record {first}")
+            cuts[first] = offset
+        rests.append(rest)
+    return rests
+
+
+def token_layout(
+    epoch_length: int,
+    interrupts: Sequence[TokenInterrupt],
+    topology: Topology,
+    rank: int | None = None,
+    boundaries: Sequence[int] | None = None,
+) -> tuple[Layout, dict[int, int]]:
+    """``run_layout`` for token passes: (who reads which epoch intervals, and per epoch position
+    of a record earlier runs consumed in part, the token its rest starts at).
+
+    A run on a new topology splits the unconsumed records evenly; a run on the interrupted
+    run's topology gives each worker one old worker's rest, rotated by the turn that was next:
+    block for block the uninterrupted run.
+
+    ``boundaries`` (a mixture schedule's segments: 0, ..., ``epoch_length``, ascending): a run
+    on a new topology sorts what is left, cuts it at the boundaries and gives every consumer its
+    even share of each segment's piece, segment after segment, so that all consumers cross a
+    boundary together; each part is then ascending. [0, epoch_length] alone splits as without
+    boundaries (what is left is then already ascending)."""
+    topologies = [interrupt.topology for interrupt in interrupts] + [topology]
+    level = Level([(0, epoch_length)])
+    layout: Layout = {}
+    cuts: dict[int, int] = {}
+    for index, current in enumerate(topologies):
+        final = index == len(interrupts)
+        ranks = [rank] if final and rank is not None else range(current.world_size)
+        if index > 0:
+            previous = interrupts[index - 1]
+            rests = {
+                r: _unread_tokens(layout[r], previous.positions[r], cuts)
+                for r in range(previous.topology.world_size)
+            }
+            if current == previous.topology:
+                workers = current.workers
+                layout = {
+                    r: [rests[r][(w + previous.turns[r]) % workers] for w in range(workers)]
+                    for r in ranks
+                }
+                continue
+            left = [i for r in sorted(rests) for rest in rests[r] for i in rest]
+            level = Level(left if boundaries is None else sorted(left))
+        pieces = None if boundaries is None else _segment_pieces(level, boundaries)
+        layout = {r: _token_parts(level, pieces, current, r) for r in ranks}
+    return layout, cuts
+
+
+def _segment_pieces(level: Level, boundaries: Sequence[int]) -> list[Level]:
+    """The positions of ``level`` (ascending) inside each segment [boundaries[j],
+    boundaries[j + 1])."""
+    pieces: list[list[tuple[int, int]]] = [[] for _ in boundaries[1:]]
+    for start, stop in level.intervals:
+        j = min(bisect.bisect_right(boundaries, start) - 1, len(pieces) - 1)
+        while start < stop:
+            end = stop if j + 1 == len(pieces) else min(stop, boundaries[j + 1])
+            pieces[j].append((start, end))
+            start, j = end, j + 1
+    return [Level(piece) for piece in pieces]
+
+
+def _token_parts(
+    level: Level, pieces: list[Level] | None, topology: Topology, rank: int
+) -> list[list[tuple[int, int]]]:
+    """Per worker of ``rank``, its epoch intervals: its even part of ``level``, or of each
+    segment's piece in turn."""
+    if pieces is None:
+        return [level.slice(start, stop) for start, stop in worker_parts(level, topology, rank)]
+    parts: list[list[tuple[int, int]]] = [[] for _ in range(topology.workers)]
+    for piece in pieces:
+        for worker, (start, stop) in enumerate(worker_parts(piece, topology, rank)):
+            parts[worker] += piece.slice(start, stop)
+    return [Level(part).intervals for part in parts]
+
+
+def cuts_by_index(part: Sequence[tuple[int, int]], cuts: dict[int, int]) -> dict[int, int]:
+    """``cuts`` (epoch position -> tokens of it already consumed) by index in ``part``, in
+    O((intervals + cuts) log intervals): a state can name a cut per consumer of its runs."""
+    spans = []
+    base = 0
+    for start, stop in part:
+        spans.append((start, stop, base))
+        base += stop - start
+    spans.sort()
+    starts = [start for start, _, _ in spans]
+    by_index: dict[int, int] = {}
+    for position, tokens in cuts.items():
+        k = bisect.bisect_right(starts, position) - 1
+        if k >= 0 and position < spans[k][1]:
+            start, _, base = spans[k]
+            by_index[base + position - start] = tokens
+    return by_index
