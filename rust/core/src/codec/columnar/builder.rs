@@ -12,6 +12,8 @@ use arrow_array::{
 use arrow_buffer::{BooleanBufferBuilder, Buffer, NullBufferBuilder, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Fields, Schema};
 
+use super::recycled::{int_buffer, int_vec};
+
 /// The deepest a column may nest (a top-level column is at level 1, each list item or map
 /// field one deeper): Arrow C++ (pyarrow) refuses to import a schema nested 64 levels or more.
 pub const MAX_ARROW_DEPTH: usize = 63;
@@ -387,7 +389,7 @@ impl Column {
         let array: ArrayRef = match values {
             Values::Untyped => Arc::new(NullArray::new(len)),
             Values::Bool(mut values) => Arc::new(BooleanArray::new(values.finish(), nulls)),
-            Values::Int(values) => Arc::new(Int64Array::new(values.into(), nulls)),
+            Values::Int(values) => Arc::new(Int64Array::new(int_buffer(values), nulls)),
             Values::Float(values) => Arc::new(Float64Array::new(values.into(), nulls)),
             Values::Str(offsets, data) => {
                 // SAFETY: `data` is the concatenation of `&str` values (valid UTF-8) and every
@@ -473,7 +475,7 @@ fn typed_like(leaf: &Leaf<'_>, rows: usize) -> Values {
             values.append_n(rows, false);
             Values::Bool(values)
         }
-        Leaf::Int(_) => Values::Int(vec![0; rows]),
+        Leaf::Int(_) => Values::Int(int_vec(rows)),
         Leaf::Float(_) => Values::Float(vec![0.0; rows]),
         Leaf::Str(_) => Values::Str(Offsets::with_rows(rows), Vec::new()),
         Leaf::Bin(_) => Values::Bin(Offsets::with_rows(rows), Vec::new()),

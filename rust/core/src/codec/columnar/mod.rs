@@ -4,6 +4,7 @@
 
 mod builder;
 mod records;
+mod recycled;
 
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
