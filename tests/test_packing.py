@@ -142,9 +142,9 @@ def test_rows_hold_one_record_each_padded_or_truncated(seed, eos_id):
     channels = TokenChannels(documents=True, loss_mask=True, rows=True)
     packer = RowPacker(seq_len, batch, -1, eos_id, None, channels)
     split = rng.randint(1, len(lengths))
-    out = list(packer.add(0, Records(records.values, records.bounds[: split + 1], records.mask)))
-    out += list(packer.add(split, Records(records.values, records.bounds[split:], records.mask)))
-    out += list(packer.finish(False, len(lengths)))
+    out = list(packer.pack(0, Records(records.values, records.bounds[: split + 1], records.mask)))
+    out += list(packer.pack(split, Records(records.values, records.bounds[split:], records.mask)))
+    out += list(packer.finish(False))
     rows = [(r, b) for b, _, _ in out for r in range(len(b["tokens"]))]
     assert len(rows) == len(lengths)
     done = 0
@@ -170,12 +170,12 @@ def test_rows_hold_one_record_each_padded_or_truncated(seed, eos_id):
 def test_rows_drop_the_last_smaller_batch_with_drop_last():
     records = Records(torch.arange(10), [0, 2, 4, 6, 8, 10], None)
     packer = RowPacker(4, 2, 0, None, None, TokenChannels(rows=True))
-    out = list(packer.add(0, records))
+    out = list(packer.pack(0, records))
     assert [w for _, w, _ in out] == [2, 4]
-    assert list(packer.finish(True, 5)) == []
+    assert list(packer.finish(True)) == []
     packer = RowPacker(4, 2, 0, None, None, TokenChannels(rows=True))
-    list(packer.add(0, records))
-    ((last, whole, _),) = packer.finish(False, 5)
+    list(packer.pack(0, records))
+    ((last, whole, _),) = packer.finish(False)
     assert last["tokens"].tolist() == [[8, 9, 0, 0]] and last["lengths"].tolist() == [2]
     assert whole == 5
 

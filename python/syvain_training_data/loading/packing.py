@@ -30,6 +30,7 @@ from syvain_training_data.loading.transfer import BatchRing
 
 __all__ = [
     "TRUNCATE_MODES",
+    "BlockPacking",
     "Cut",
     "Records",
     "RowOptions",
@@ -322,11 +323,13 @@ class RowPacker:
         self._open: list[torch.Tensor] | None = None
         self._arrays: list[Any] = []  # numpy views of the open batch's tokens and mask
         self._lengths: list[int] = []
+        self._read = 0  # records packed so far
 
-    def add(self, first: int, records: Records) -> Iterator[Packed]:
+    def pack(self, first: int, records: Records) -> Iterator[Packed]:
         """Adds records ``first``, ``first + 1``, ... (``records``), one row each."""
         bounds = records.bounds
         count = len(bounds) - 1
+        self._read = first + count
         values = records.values.numpy()
         mask = None if records.mask is None else records.mask.view(torch.uint8).numpy()
         done = 0
@@ -339,10 +342,10 @@ class RowPacker:
             if len(self._lengths) == self.batch_size:
                 yield self._close(), first + done, 0
 
-    def finish(self, drop_last: bool, first: int) -> Iterator[Packed]:
-        """The last, smaller batch (unless ``drop_last``); ``first``: the records read."""
+    def finish(self, drop_last: bool) -> Iterator[Packed]:
+        """The last, smaller batch (unless ``drop_last``)."""
         if self._open is not None and self._lengths and not drop_last:
-            yield self._close(), first, 0
+            yield self._close(), self._read, 0
 
     def _start(self) -> None:
         shape = (self.batch_size, self.seq_len)
@@ -442,6 +445,27 @@ def pack_records(
         else:
             yield from packer.add(record, start, tokens, [], run_mask)
             yield from packer.add(record, count, eos, [1], None if mask is None else _EOS_MASK)
+
+
+class BlockPacking:
+    """``pack=True`` as :class:`RowPacker` is ``pack=False`` (records in, batches out): each run
+    goes into ``packer`` whole, or record by record where a loader state cut one of its
+    records (``cut``)."""
+
+    def __init__(self, packer: TokenPacker, eos_id: int | None, cut: Cut) -> None:
+        self._packer, self._eos_id, self._cut = packer, eos_id, cut
+        self._cut_indices = sorted(cut.at)
+
+    def pack(self, index: int, records: Records) -> Iterator[Packed]:
+        """Records ``index``, ``index + 1``, ... (``records``) into blocks."""
+        count = len(records.bounds) - 1
+        k = bisect.bisect_left(self._cut_indices, index)
+        if k < len(self._cut_indices) and self._cut_indices[k] < index + count:
+            return pack_records(self._packer, index, records, self._eos_id, self._cut)
+        return pack_run(self._packer, index, records, self._eos_id)
+
+    def finish(self, drop_last: bool) -> Iterator[Packed]:
+        return self._packer.finish(drop_last)
 
 
 def _epoch_position(part: Sequence[tuple[int, int]], index: int) -> int:

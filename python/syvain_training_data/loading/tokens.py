@@ -14,7 +14,6 @@ each worker, and ``state_dict`` holds those positions (never tokens).
 
 from __future__ import annotations
 
-import bisect
 import copy
 import dataclasses
 import hashlib
@@ -39,6 +38,7 @@ from syvain_training_data.loading.bundles import (
 from syvain_training_data.loading.dataloader import STATE_VERSION, EpochLoader
 from syvain_training_data.loading.dataset import ShardDataset
 from syvain_training_data.loading.packing import (
+    BlockPacking,
     Cut,
     Records,
     RowOptions,
@@ -46,8 +46,6 @@ from syvain_training_data.loading.packing import (
     TokenChannels,
     TokenPacker,
     loss_mask,
-    pack_records,
-    pack_run,
 )
 from syvain_training_data.loading.reader import ShardRange, consumer_records
 from syvain_training_data.loading.shard_indexes import ShardIndexes
@@ -148,34 +146,37 @@ class TokenDataset(ShardDataset):
             lambda r: counters.watch(open_range(r, indexes)),
         )
         cut_at = token_plan.cuts_by_index(part, cuts)
+        packer: RowPacker | BlockPacking
         if self.rows is not None:
             if cut_at:  # a row-per-record state never cuts a record
                 raise ValueError("This loader state cuts a record, which pack=False never does")
-            return self._rows(runs, self.rows, epoch, part, worker, counters)
-        return self._blocks(runs, cut_at, epoch, part, worker, counters)
+            packer = RowPacker(
+                self.seq_len,
+                self.batch_size,
+                self.rows.pad_id,
+                self.eos_id,
+                self.ring,
+                self.channels,
+            )
+        else:
+            blocks = TokenPacker(self.seq_len, self.batch_size, self.ring, self.channels)
+            packer = BlockPacking(blocks, self.eos_id, Cut(cut_at, epoch, part))
+        return self._packed(runs, packer, epoch, part, worker, counters)
 
-    def _blocks(
+    def _packed(
         self,
         runs: Iterator[Records],
-        cut_at: dict[int, int],
+        packer: RowPacker | BlockPacking,
         epoch: int,
         part: Sequence[tuple[int, int]],
         worker: int,
         counters: Any,
     ) -> Iterator[_Tagged]:
-        cut_indices = sorted(cut_at)
-        packer = TokenPacker(self.seq_len, self.batch_size, self.ring, self.channels)
         index = 0
         try:
             for records in runs:
                 count = len(records.bounds) - 1
-                first_cut = bisect.bisect_left(cut_indices, index)
-                if first_cut < len(cut_indices) and cut_indices[first_cut] < index + count:
-                    cut = Cut(cut_at, epoch, part)
-                    pieces = pack_records(packer, index, records, self.eos_id, cut)
-                else:
-                    pieces = pack_run(packer, index, records, self.eos_id)
-                for batch, whole, offset in pieces:
+                for batch, whole, offset in packer.pack(index, records):
                     yield batch, worker, whole, offset
                 if (index ^ (index + count)) & ~PUBLISH_MASK:
                     counters.yielded(index + count)
@@ -185,33 +186,6 @@ class TokenDataset(ShardDataset):
                 yield batch, worker, whole, offset
         finally:
             counters.yielded(index)  # records read (a cut one counts once)
-
-    def _rows(
-        self,
-        runs: Iterator[Records],
-        rows: RowOptions,
-        epoch: int,
-        part: Sequence[tuple[int, int]],
-        worker: int,
-        counters: Any,
-    ) -> Iterator[_Tagged]:
-        packer = RowPacker(
-            self.seq_len, self.batch_size, rows.pad_id, self.eos_id, self.ring, self.channels
-        )
-        index = 0
-        try:
-            for records in runs:
-                count = len(records.bounds) - 1
-                for batch, whole, offset in packer.add(index, records):
-                    yield batch, worker, whole, offset
-                if (index ^ (index + count)) & ~PUBLISH_MASK:
-                    counters.yielded(index + count)
-                index += count
-            _check_read(index, part, epoch)
-            for batch, whole, offset in packer.finish(self.drop_last, index):
-                yield batch, worker, whole, offset
-        finally:
-            counters.yielded(index)
 
     def _open(self, shard_range: ShardRange, indexes: ShardIndexes | None) -> Iterator[Records]:
         """A shard range's decoded batches, each as one run: the token column's int64 values,
