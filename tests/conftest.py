@@ -13,9 +13,15 @@ Fixtures
                    trailing slash, so use ``f"s3://{s3_bucket}/{unique_prefix}/name"``.
 ``fault_proxy``    a started ``FaultProxy`` in front of the S3 server, stopped after the test;
                    script faults with ``fault_proxy.script(...)``, see ``tests/fault_proxy.py``.
+``store_root``     ``(root_uri, StorageConfig)``, once on SeaweedFS (a fresh prefix) and once on
+                   the local directory store (``tmp_path / "store"``). SeaweedFS starts only for
+                   the s3 case, so ``-k file`` runs need no server.
+``s3_env``         sets the S3 server's credentials in the environment (where pickled configs
+                   and spawned workers take the secret from) and returns the server.
 
 The helper modules are plain modules in this directory (``from seaweed import ...``,
-``from fault_proxy import ...``); nothing here imports ``syvain_training_data``.
+``from fault_proxy import ...``, ``from memory import run_child``); only ``store_root`` imports
+``syvain_training_data``, lazily.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,3 +85,24 @@ def fault_proxy(seaweed: SeaweedServer) -> Iterator[FaultProxy]:
         yield proxy
     finally:
         proxy.stop()
+
+
+@pytest.fixture
+def s3_env(seaweed: SeaweedServer, monkeypatch: pytest.MonkeyPatch) -> SeaweedServer:
+    """The S3 server, with its credentials in this process's environment for the test."""
+    for name, value in seaweed.env().items():
+        monkeypatch.setenv(name, value)
+    return seaweed
+
+
+@pytest.fixture(params=["s3", "file"])
+def store_root(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Any]:
+    """A writable prefix URI and its StorageConfig, on SeaweedFS and on the local store."""
+    from seaweed import config_for
+    from syvain_training_data.storage import StorageConfig
+
+    if request.param == "s3":
+        server = request.getfixturevalue("seaweed")
+        prefix = request.getfixturevalue("unique_prefix")
+        return f"s3://{TEST_BUCKET}/{prefix}", config_for(server)
+    return f"file://{tmp_path}/store", StorageConfig()
