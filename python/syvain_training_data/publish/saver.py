@@ -24,7 +24,7 @@ Decisions taken where SPEC is silent:
   ``recover`` (data object present, size, etag or sha256); a tampered one anywhere under the
   manifest fails the commit with PublicationConflictError rather than being skipped.
 - **Local etags.** A ``file://`` object's etag (inode and mtime) does not survive cp, rsync or
-  a restore, so manifests and descriptors record ``""`` for it, and one an older saver recorded
+  a restore, so manifests and descriptors record ``""`` for it, and one recorded there anyway
   is not enforced: its size and sha256 guard it (SPEC section 4).
 - **Expected shards.** ``expect_shards(split, stage, shard_ids)`` states the complete set of
   deterministic shards of one split and stage; the commit then refuses (ValueError naming them)
