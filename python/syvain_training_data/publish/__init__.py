@@ -4,6 +4,7 @@
 - :mod:`.descriptor`: completion descriptors, their bytes and their checks;
 - :mod:`.spool`: encoding a shard into memory or a temporary file, hashed once; size rules;
 - :mod:`.upload`: uploading a spool with its format's attributes; ``copy_shard``;
+- :mod:`.recovery`: checking the shards a saver finds in the store, and the store scan;
 - :mod:`.builder`: the manifest from the shards a saver knows;
 - :mod:`.saver`: :class:`DatasetSaver`, which ties them together.
 """

@@ -10,18 +10,15 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from syvain_training_data.manifest import DataManifest, ManifestShard
+from syvain_training_data.publish.descriptor import ShardEntry
 
 __all__ = ["Saved", "build_manifest", "check_expected", "uris_of"]
 
 
 @dataclass(frozen=True)
-class Saved:
+class Saved(ShardEntry):
     """A shard known to a saver: what the manifest says about it."""
 
-    split: str
-    stage: str | None
-    metadata: str | None  # canonical JSON text of the curriculum metadata
-    shard: ManifestShard
     deterministic: bool
 
 

@@ -16,6 +16,7 @@ from syvain_training_data.manifest import JsonObject, ManifestShard
 __all__ = [
     "DESCRIPTOR_SCHEMA",
     "Described",
+    "ShardEntry",
     "canonical_json",
     "descriptor_bytes",
     "loads_descriptor",
@@ -93,13 +94,19 @@ def loads_descriptor(data: bytes, uri: str) -> Any:
 
 
 @dataclass(frozen=True)
-class Described:
-    """What a valid descriptor says: its shard, where it belongs and the data's sha256."""
+class ShardEntry:
+    """A shard and its place in a manifest: split, curriculum stage and the stage's metadata."""
 
     split: str
     stage: str | None
     metadata: str | None  # canonical JSON text of the curriculum metadata
     shard: ManifestShard
+
+
+@dataclass(frozen=True)
+class Described(ShardEntry):
+    """What a valid descriptor says: its shard, where it belongs and the data's sha256."""
+
     sha256: str
 
 

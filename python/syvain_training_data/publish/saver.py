@@ -24,7 +24,7 @@ Decisions taken where SPEC is silent:
   ``recover`` (data object present, size, etag or sha256); a tampered one anywhere under the
   manifest fails the commit with PublicationConflictError rather than being skipped.
 - **Local etags.** A ``file://`` object's etag (inode and mtime) does not survive cp, rsync or
-  a restore, so manifests and descriptors record ``""`` for it, and one an older saver recorded
+  a restore, so manifests and descriptors record ``""`` for it, and one recorded there anyway
   is not enforced: its size and sha256 guard it (SPEC section 4).
 - **Expected shards.** ``expect_shards(split, stage, shard_ids)`` states the complete set of
   deterministic shards of one split and stage; the commit then refuses (ValueError naming them)
@@ -52,7 +52,6 @@ import json
 import threading
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
 
 from syvain_training_data.errors import PublicationConflictError
@@ -67,45 +66,23 @@ from syvain_training_data.manifest import (
     read_manifest_bytes,
 )
 from syvain_training_data.publish.builder import Saved, build_manifest, check_expected, uris_of
-from syvain_training_data.publish.descriptor import (
-    check_canonical,
-    descriptor_bytes,
-    loads_descriptor,
-    parse_descriptor,
-    validate_metadata,
-)
+from syvain_training_data.publish.descriptor import descriptor_bytes, validate_metadata
 from syvain_training_data.publish.layout import (
     DESCRIPTOR_SUFFIX,
-    SESSION_RECORD_SUFFIX,
     Layout,
     encode_segment,
     manifest_key,
 )
+from syvain_training_data.publish.recovery import UNSET, ShardRecovery, Unset
 from syvain_training_data.publish.spool import Spool, encode_native, encode_parquet, limits
-from syvain_training_data.publish.upload import create_or_match, stream_sha256, upload_spool
-from syvain_training_data.storage import (
-    StorageConfig,
-    get_object,
-    head_object,
-    list_objects,
-    native_storage,
-    put_object,
-)
-from syvain_training_data.uris import check_shard_scheme, plain_etag, portable_etag
+from syvain_training_data.publish.upload import create_or_match, upload_spool
+from syvain_training_data.storage import StorageConfig, get_object, native_storage, put_object
+from syvain_training_data.uris import portable_etag
 
 __all__ = ["DatasetSaver"]
 
 # Formats whose deterministic shards must fit one create-only PUT (SPEC section 5).
 SINGLE_PUT_FORMATS: Final = ("parquet", "msgpack.zstf")
-_SCAN_THREADS: Final = 16
-
-
-class _Unset:
-    def __repr__(self) -> str:
-        return "<unset>"
-
-
-_UNSET: Final = _Unset()
 
 
 def _format_bytes(size: int) -> str:
@@ -212,8 +189,8 @@ class DatasetSaver:
                 return found
         uri = self.shard_uri(split, curriculum_stage, shard_id)
         iterator = iter(records)
-        first = next(iterator, _UNSET)
-        if isinstance(first, _Unset):
+        first = next(iterator, UNSET)
+        if isinstance(first, Unset):
             raise ValueError("Cannot save an empty record shard")
         spool = Spool(limits().spill_bytes)
         frames = FrameOffsets() if self.data_format == "msgpack.zstf" else None
@@ -232,7 +209,7 @@ class DatasetSaver:
             spool.close()
         if frames is not None:  # before the descriptor: a completed shard has its index
             index = frames.index(shard.size_bytes).to_bytes()
-            create_or_match(uri + INDEX_SUFFIX, index, "Shard index", self.storage_config)
+            create_or_match(uri + INDEX_SUFFIX, index, self.storage_config, conflict="Shard index")
         if shard_id is not None:
             self._create_descriptor(uri + DESCRIPTOR_SUFFIX, descriptor)
         else:
@@ -284,7 +261,7 @@ class DatasetSaver:
         )
 
     def _create_descriptor(self, uri: str, data: bytes) -> None:
-        create_or_match(uri, data, "Completion descriptor", self.storage_config)
+        create_or_match(uri, data, self.storage_config, conflict="Completion descriptor")
 
     # -- recovery ----------------------------------------------------------------------------
 
@@ -294,7 +271,7 @@ class DatasetSaver:
         curriculum_stage: str | None,
         *,
         shard_id: str,
-        curriculum_metadata: Mapping[str, Any] | None | _Unset = _UNSET,
+        curriculum_metadata: Mapping[str, Any] | None | Unset = UNSET,
     ) -> ManifestShard | None:
         """The completed deterministic shard ``shard_id``, registered for the manifest, or None
         when it has no completion descriptor.
@@ -306,8 +283,8 @@ class DatasetSaver:
                 sha256).
             ValueError: an empty split, stage or shard_id, or metadata that is not an object.
         """
-        expected_metadata: str | None | _Unset = _UNSET
-        if not isinstance(curriculum_metadata, _Unset):
+        expected_metadata: str | None | Unset = UNSET
+        if not isinstance(curriculum_metadata, Unset):
             expected_metadata = validate_metadata(curriculum_metadata)
         uri = self.shard_uri(split, curriculum_stage, shard_id)
         descriptor_uri = uri + DESCRIPTOR_SUFFIX
@@ -315,7 +292,7 @@ class DatasetSaver:
             data = get_object(descriptor_uri, storage_config=self.storage_config)
         except FileNotFoundError:
             return None
-        saved = self._verify_descriptor(
+        saved = self._recovery.verify_descriptor(
             data,
             descriptor_uri,
             uri,
@@ -326,102 +303,16 @@ class DatasetSaver:
         self._register(saved)
         return saved.shard
 
-    def _verify_descriptor(
-        self,
-        data: bytes,
-        descriptor_uri: str,
-        shard_uri: str,
-        *,
-        split: str | None,
-        stage: str | None | _Unset,
-        metadata: str | None | _Unset,
-        deterministic: bool = True,
-    ) -> Saved:
-        """Checks a descriptor (``split=None``/``stage=_UNSET``: take them from it, then check the
-        URI layout) and its data object; returns what it describes."""
-
-        def conflict(reason: str) -> PublicationConflictError:
-            return PublicationConflictError(f"Completion descriptor {descriptor_uri}: {reason}")
-
-        found = parse_descriptor(data, descriptor_uri, self.data_format)
-        if split is not None and found.split != split:
-            raise conflict(f"split is {found.split!r}, not {split!r}")
-        if not isinstance(stage, _Unset) and found.stage != stage:
-            raise conflict(f"curriculum_stage is {found.stage!r}, not {stage!r}")
-        if not isinstance(metadata, _Unset) and found.metadata != metadata:
-            raise conflict("curriculum_metadata differs from the one passed")
-        shard, digest = found.shard, found.sha256
-        if shard.uri != shard_uri:
-            raise conflict(f"shard uri is {shard.uri!r}, expected {shard_uri!r}")
-        check_shard_scheme(self.manifest_uri, shard.uri)
-        if split is None:
-            try:
-                placed = self.layout.places(shard.uri, found.split, found.stage, deterministic)
-            except ValueError as error:
-                raise conflict(str(error)) from None
-            if not placed:
-                raise conflict(
-                    f"shard uri {shard.uri!r} is not where split {found.split!r} stage "
-                    f"{found.stage!r} shards go"
-                )
-        check_canonical(data, descriptor_uri, self.data_format, found)
-        self._verify_data_object(shard, digest, conflict)
-        # A local etag an older saver wrote is neither enforced nor published (SPEC 4).
-        shard = shard.model_copy(update={"etag": portable_etag(shard.uri, shard.etag)})
-        return Saved(found.split, found.stage, found.metadata, shard, deterministic)
-
-    def _verify_data_object(self, shard: ManifestShard, digest: str, conflict: Any) -> None:
-        try:
-            info = head_object(shard.uri, storage_config=self.storage_config)
-        except FileNotFoundError:
-            raise conflict(f"its data object {shard.uri} does not exist") from None
-        if info.size != shard.size_bytes:
-            raise conflict(f"its data object has {info.size} bytes, not {shard.size_bytes}")
-        etag = portable_etag(shard.uri, shard.etag)
-        if info.etag and etag:
-            # Quoted or not, as another writer may have recorded it.
-            if plain_etag(info.etag) != plain_etag(etag):
-                raise conflict(f"its data object has etag {info.etag!r}, not {etag!r}")
-        elif stream_sha256(shard.uri, info.size, info.etag, self.storage_config) != digest:
-            raise conflict("its data object's sha256 differs")
-
     # -- shards found in the store -----------------------------------------------------------
+
+    @property
+    def _recovery(self) -> ShardRecovery:
+        return ShardRecovery(self.layout, self.storage_config)
 
     def _scan_store(self) -> None:
         """Registers every completed deterministic shard under the manifest and every shard
         this saver's session saved without shard_id (all verified)."""
-        objects = list_objects(self.deterministic_base_uri, storage_config=self.storage_config)
-        session_prefix = self.layout.session_prefix
-        tasks: list[tuple[str, str, bool]] = []
-        for info in objects:
-            if info.uri.endswith(DESCRIPTOR_SUFFIX):
-                tasks.append((info.uri, info.uri[: -len(DESCRIPTOR_SUFFIX)], True))
-            elif info.uri.startswith(session_prefix) and info.uri.endswith(SESSION_RECORD_SUFFIX):
-                tasks.append((info.uri, "", False))
-
-        def verify(task: tuple[str, str, bool]) -> Saved:
-            uri, shard_uri, deterministic = task
-            data = get_object(uri, storage_config=self.storage_config)
-            if not deterministic:
-                # The record is named after its shard; its URI is read from it, then checked.
-                document = loads_descriptor(data, uri)
-                described = document.get("shard") if isinstance(document, dict) else None
-                shard_uri = described.get("uri", "") if isinstance(described, dict) else ""
-                if shard_uri.rsplit("/", 1)[-1] + SESSION_RECORD_SUFFIX != uri.rsplit("/", 1)[1]:
-                    raise PublicationConflictError(f"Saved-shard record {uri} names another shard")
-            return self._verify_descriptor(
-                data,
-                uri,
-                str(shard_uri),
-                split=None,
-                stage=_UNSET,
-                metadata=_UNSET,
-                deterministic=deterministic,
-            )
-
-        with ThreadPoolExecutor(max_workers=_SCAN_THREADS) as pool:
-            found = list(pool.map(verify, tasks))
-        for saved in found:
+        for saved in self._recovery.scan():
             self._register(saved)
 
     def _register(self, saved: Saved) -> None:
@@ -573,34 +464,36 @@ class DatasetSaver:
         """
         manifest = self.build_manifest()
         data = canonical_manifest_bytes(manifest)
-        try:
-            put_object(
-                self.manifest_uri,
-                data,
-                storage_config=self.storage_config,
-                content_type="application/json",
-                create_only=True,
+        published: list[DataManifest] = []
+
+        def invalid() -> PublicationConflictError:
+            return PublicationConflictError(
+                f"An invalid manifest already exists at {self.manifest_uri}"
             )
-            return manifest
-        except FileExistsError:
+
+        def same_manifest() -> bool:
+            """Equal bytes, or bytes another writer spelled differently for the same manifest."""
             try:
                 existing = read_manifest_bytes(
                     self.manifest_uri, storage_config=self.storage_config
                 )
             except ValueError as error:  # over the manifest size limit
-                raise PublicationConflictError(
-                    f"An invalid manifest already exists at {self.manifest_uri}"
-                ) from error
-        if existing == data:
-            return manifest
-        try:
-            published = parse_manifest(existing, self.manifest_uri)
-        except ValueError as error:
-            raise PublicationConflictError(
-                f"An invalid manifest already exists at {self.manifest_uri}"
-            ) from error
-        if published != manifest:
-            raise PublicationConflictError(
+                raise invalid() from error
+            if existing == data:
+                return True
+            try:
+                published.append(parse_manifest(existing, self.manifest_uri))
+            except ValueError as error:
+                raise invalid() from error
+            return published[0] == manifest
+
+        create_or_match(
+            self.manifest_uri,
+            data,
+            self.storage_config,
+            matches=same_manifest,
+            conflict=lambda: PublicationConflictError(
                 f"A different manifest is already published at {self.manifest_uri}"
-            )
-        return published
+            ),
+        )
+        return published[0] if published else manifest

@@ -20,8 +20,8 @@ __all__ = ["Limits", "Spool", "encode_native", "encode_parquet", "limits", "size
 
 # Records per ShardEncoder.encode call. The encoder compresses one call's batch on its own
 # thread while the next is serialized, so small batches keep both cores busy from a shard's first
-# records to its last (msgpack.zstf encoding of 5000 text records: 1024 per call 0.50 s, 256 per
-# call 0.38 s); below ~128 the per-call cost starts to show on small records.
+# records to its last (256 encodes faster than 1024, benchmarks/saver.py); below ~128 the
+# per-call cost starts to show on small records.
 _BATCH_RECORDS: Final = 256
 
 

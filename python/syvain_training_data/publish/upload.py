@@ -3,6 +3,7 @@ when it is deterministic, and copying a shard from one store to another through 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from syvain_training_data.formats.shard_index import INDEX_SUFFIX, FrameOffsets
 from syvain_training_data.manifest import DataManifestDataFormat, ManifestShard
 from syvain_training_data.publish.spool import Spool, limits
 from syvain_training_data.storage import (
+    ObjectInfo,
     StorageConfig,
     delete_object,
     get_object,
@@ -78,45 +80,44 @@ def _upload(
     identical existing object was reused)."""
     content_type, attributes = OBJECT_ATTRIBUTES[data_format]
     client = native_storage(storage_config)
-    rules = limits()
-    try:
-        if spool.path is not None:
-            size, etag = _native.put_file(
-                client,
-                uri,
-                spool.path,
-                content_type=content_type,
-                metadata=attributes,
-                create_only=create_only,
-                single_put_max=rules.deterministic_single_put_bytes,
-                multipart_threshold=rules.multipart_threshold,
-                part_size=rules.part_size,
-            )
-        else:
-            size, etag = _native.put_chunks(
-                client,
-                uri,
-                spool.chunks,
-                content_type=content_type,
-                metadata=attributes,
-                create_only=create_only,
-            )
-        return size, etag, True
-    except FileExistsError:
-        etag = _check_existing_bytes(uri, spool.size, spool.sha256(), storage_config)
-        logger.info("Reusing the identical existing object %s", uri)
-        return spool.size, etag, False
-
-
-def _check_existing_bytes(uri: str, size: int, sha256: str, storage_config: StorageConfig) -> str:
-    """The etag of an existing object that holds exactly our bytes; else a conflict."""
-    info = head_object(uri, storage_config=storage_config)
-    if info.size != size or stream_sha256(uri, info.size, info.etag, storage_config) != sha256:
-        raise PublicationConflictError(
-            f"Shard {uri} already exists with different bytes ({info.size} bytes; this write "
-            f"has {size}): another job wrote it"
+    put: Callable[..., tuple[int, str]]
+    if spool.path is not None:
+        rules = limits()
+        put = functools.partial(
+            _native.put_file,
+            client,
+            uri,
+            spool.path,
+            single_put_max=rules.deterministic_single_put_bytes,
+            multipart_threshold=rules.multipart_threshold,
+            part_size=rules.part_size,
         )
-    return info.etag
+    else:
+        put = functools.partial(_native.put_chunks, client, uri, spool.chunks)
+    written: list[tuple[int, str]] = []
+    existing: list[ObjectInfo] = []
+
+    def write() -> None:
+        written.append(put(content_type=content_type, metadata=attributes, create_only=create_only))
+
+    def holds_our_bytes() -> bool:
+        info = head_object(uri, storage_config=storage_config)
+        existing.append(info)
+        return info.size == spool.size and (
+            stream_sha256(uri, info.size, info.etag, storage_config) == spool.sha256()
+        )
+
+    def conflict() -> PublicationConflictError:
+        return PublicationConflictError(
+            f"Shard {uri} already exists with different bytes ({existing[0].size} bytes; this "
+            f"write has {spool.size}): another job wrote it"
+        )
+
+    if create_or_match(uri, write, storage_config, matches=holds_our_bytes, conflict=conflict):
+        size, etag = written[0]
+        return size, etag, True
+    logger.info("Reusing the identical existing object %s", uri)
+    return spool.size, existing[0].etag, False
 
 
 def stream_sha256(uri: str, size: int, etag: str, storage_config: StorageConfig) -> str:
@@ -199,7 +200,9 @@ def copy_shard(
         if data_format == "msgpack.zstf" and spool.path is not None:
             # The copy's own index, from the verified bytes (the source's is not trusted).
             index = FrameOffsets.of_file(spool.path).index(size)
-            create_or_match(destination_uri + INDEX_SUFFIX, index.to_bytes(), "Shard index", config)
+            create_or_match(
+                destination_uri + INDEX_SUFFIX, index.to_bytes(), config, conflict="Shard index"
+            )
     finally:
         spool.close()
     return ManifestShard(
@@ -210,22 +213,51 @@ def copy_shard(
     )
 
 
-def create_or_match(uri: str, data: bytes, what: str, storage_config: StorageConfig) -> None:
-    """Creates ``uri`` with ``data`` (create-only, JSON), or finds it already holding exactly
-    ``data``; other bytes are a PublicationConflictError naming ``what``."""
+def create_or_match(
+    uri: str,
+    write: bytes | Callable[[], object],
+    storage_config: StorageConfig,
+    *,
+    conflict: str | Callable[[], Exception],
+    matches: Callable[[], bool] | None = None,
+) -> bool:
+    """The create-only rule of publication: create ``uri``, else accept only what is there.
+
+    ``write`` is the JSON bytes to PUT create-only, or a callable that uploads create-only
+    itself. Where an object is already at ``uri``, it is accepted when it holds what this call
+    would write: by default the same bytes, read back (``write`` must then be bytes);
+    ``matches`` replaces that test (it may raise its own error). Otherwise ``conflict()`` is
+    raised; a str names the object instead: PublicationConflictError "{conflict} {uri} already
+    exists with different bytes".
+
+    Returns True when this call wrote the object, False when an equal one was already there.
+    """
     try:
-        put_object(
-            uri,
-            data,
-            storage_config=storage_config,
-            content_type="application/json",
-            create_only=True,
-        )
+        if isinstance(write, bytes):
+            put_object(
+                uri,
+                write,
+                storage_config=storage_config,
+                content_type="application/json",
+                create_only=True,
+            )
+        else:
+            write()
+        return True
     except FileExistsError:
-        if get_object(uri, storage_config=storage_config) != data:
+        if matches is None:
+            matches = functools.partial(_holds, uri, write, storage_config)
+        if matches():
+            return False
+        if isinstance(conflict, str):
             raise PublicationConflictError(
-                f"{what} {uri} already exists with different bytes"
+                f"{conflict} {uri} already exists with different bytes"
             ) from None
+        raise conflict() from None
+
+
+def _holds(uri: str, data: object, storage_config: StorageConfig) -> bool:
+    return get_object(uri, storage_config=storage_config) == data
 
 
 def _check_descriptor_digest(

@@ -15,6 +15,7 @@ from collections import Counter
 
 import pytest
 
+from seaweed import config_for
 from syvain_training_data import DatasetSaver, storage
 from syvain_training_data.shard import iter_shard
 from syvain_training_data.storage import StorageConfig
@@ -105,23 +106,6 @@ def wipe(root: str, config: StorageConfig, tmp_dir) -> None:
         storage.delete_object(info.uri, storage_config=config)
 
 
-@pytest.fixture(params=["s3", "file"])
-def store_root(request, tmp_path) -> tuple[str, StorageConfig]:
-    if request.param == "s3":
-        server = request.getfixturevalue("seaweed")
-        config = StorageConfig.create(
-            s3_base_url=server.endpoint,
-            region=server.region,
-            access_key_id=server.access_key_id,
-            secret_access_key=server.secret_access_key,
-        )
-        return (
-            f"s3://{request.getfixturevalue('s3_bucket')}/{request.getfixturevalue('unique_prefix')}",
-            config,
-        )
-    return f"file://{tmp_path}/store", StorageConfig()
-
-
 def without_local_etags(data: bytes, local: bool) -> bytes:
     """The manifest's bytes, after checking that a local one records no etag: the local store's
     etags name the file (inode, mtime), not the bytes, so SPEC 4 keeps them out of manifests
@@ -176,25 +160,16 @@ def test_crash_and_restart_publishes_the_uninterrupted_manifest(store_root, tmp_
     assert manifest.splits["train"].curriculum["hard"].metadata == {"stage": "hard", "weight": 4}
 
 
-def test_ray_tasks_publish_through_the_pickled_saver(
-    seaweed, s3_bucket, unique_prefix, monkeypatch
-) -> None:
+def test_ray_tasks_publish_through_the_pickled_saver(s3_env, s3_bucket, unique_prefix) -> None:
     ray = pytest.importorskip("ray")
-    config = StorageConfig.create(
-        s3_base_url=seaweed.endpoint,
-        region=seaweed.region,
-        access_key_id=seaweed.access_key_id,
-        secret_access_key=seaweed.secret_access_key,
-    )
+    config = config_for(s3_env)
     saver = DatasetSaver(
         f"s3://{s3_bucket}/{unique_prefix}/ray/data-manifest.json",
         data_format="jsonl.gz",
         storage_config=config,
     )
     # The pickled saver holds no secret: the workers take it from the environment they inherit
-    # (not from runtime_env, which Ray writes to its log files).
-    for name, value in seaweed.env().items():
-        monkeypatch.setenv(name, value)
+    # (s3_env puts it there; not runtime_env, which Ray writes to its log files).
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
 
