@@ -20,6 +20,10 @@ from representation_helpers import (
 pytestmark = pytest.mark.timeout(300)
 
 
+def _set(**changes: Any) -> dict[str, Any]:
+    return change_inventory(lambda inventory: inventory.update(changes))
+
+
 def _totals(**changes: int) -> dict[str, Any]:
     def hook(inventory: Inventory) -> None:
         for key, delta in changes.items():
@@ -73,26 +77,10 @@ def _lists_itself(inventory: Inventory) -> None:
             "not canonical",
             id="ascii-escaped",
         ),
-        pytest.param(
-            change_inventory(lambda inv: inv.update(schema="syvain-other-manifest-v2")),
-            "schema is",
-            id="schema",
-        ),
-        pytest.param(
-            change_inventory(lambda inv: inv.update(schema_version=3)),
-            "schema_version",
-            id="version",
-        ),
-        pytest.param(
-            change_inventory(lambda inv: inv.update(schema_version="2")),
-            "schema_version",
-            id="version-str",
-        ),
-        pytest.param(
-            change_inventory(lambda inv: inv.update(recipe_sha256="ef" * 32)),
-            "recipe_sha256",
-            id="recipe",
-        ),
+        pytest.param(_set(schema="syvain-other-manifest-v2"), "schema is", id="schema"),
+        pytest.param(_set(schema_version=3), "schema_version", id="version"),
+        pytest.param(_set(schema_version="2"), "schema_version", id="version-str"),
+        pytest.param(_set(recipe_sha256="ef" * 32), "recipe_sha256", id="recipe"),
         pytest.param(change_inventory(_repeat_object), "more than once", id="repeated-uri"),
         pytest.param(_totals(objects=1), "totals", id="totals-objects"),
         pytest.param(_totals(bytes=-1), "totals", id="totals-bytes"),
