@@ -2,10 +2,10 @@
 
 ``PublicationBuilder`` makes the data of every task in memory (``representation_tasks``:
 prepared blocks, representation rows for several layers and all three state kinds, stored out
-of order, qkv relations), then ``publish`` serializes it (safetensors, parquet, the artifact manifest, the three index shards,
-the data manifest) and uploads it at the canonical path of a fresh random recipe. Tests break
-exactly one rule by changing the tasks before ``publish`` or through its hooks, which see each
-layer of the chain in order:
+of order, qkv relations), then ``publish`` serializes it (safetensors, parquet, the artifact
+manifest, the three index shards, the data manifest) and uploads it at the canonical path of a
+fresh random recipe. Tests break exactly one rule by changing the tasks before ``publish`` or
+through its hooks, which see each layer of the chain in order:
 
 ``objects_hook(objects)``            artifact bytes by URI, before anything claims them
 ``inventory_hook(inventory)``        the artifact manifest as a dict
