@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from representation_fixture import PublicationBuilder
+from seaweed import config_for
 from syvain_training_data.storage import StorageConfig
 
 _HERE = str(Path(__file__).resolve().parent)
@@ -47,12 +48,9 @@ def temp_dir(seaweed, tmp_path, monkeypatch) -> Iterator[Path]:
 
 @pytest.fixture
 def config(seaweed) -> StorageConfig:
-    return StorageConfig.create(
-        s3_base_url=seaweed.endpoint,
-        region=seaweed.region,
-        access_key_id=seaweed.access_key_id,
-        secret_access_key=seaweed.secret_access_key,
-    )
+    # The publication's canonical URI is on S3, so the local-store half of store_root cannot
+    # serve here.
+    return config_for(seaweed)
 
 
 @pytest.fixture

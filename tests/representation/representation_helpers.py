@@ -8,13 +8,15 @@ puts the directory on ``sys.path``, as ``tests/conftest.py`` does for ``tests/``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from representation_fixture import PublicationBuilder, Published, Task
+from representation_fixture import PublicationBuilder, Published
+from representation_tasks import Task
 from syvain_training_data import RepresentationExample, RepresentationIntegrityError
 from syvain_training_data.representation import iter_representation_examples
 from syvain_training_data.storage import StorageConfig
@@ -86,12 +88,45 @@ def broken(
     return info.value
 
 
-def _selected(builder: PublicationBuilder, source: str = "dolmino") -> tuple[Task, Any]:
+def first_selected(builder: PublicationBuilder, source: str = "dolmino") -> tuple[Task, Any]:
     """The first selected block of a source (and its task)."""
     return builder.candidates("analysis", source)[0]
 
 
-def _flip_byte(data: bytes, index: int = -2) -> bytes:
+def first_relation_rows(builder: PublicationBuilder) -> list[dict[str, Any]]:
+    """The 32 representation rows of the first selected block at the requested layer/kind."""
+    task, block = first_selected(builder)
+    return task.relation_rows(block.block_id, REQUEST["teacher_layer"], REQUEST["state_kind"])
+
+
+def flip_byte(data: bytes, index: int = -2) -> bytes:
     changed = bytearray(data)
     changed[index] ^= 0x01
     return bytes(changed)
+
+
+# --------------------------------------------------------------------------------------------
+# Artifact manifest hooks (``PublicationBuilder.publish(inventory_hook=...)``)
+# --------------------------------------------------------------------------------------------
+
+
+Inventory = dict[str, Any]
+
+
+def inventory_entry(inventory: Inventory, suffix: str) -> dict[str, Any]:
+    """The inventory object whose URI ends in ``suffix``."""
+    return next(item for item in inventory["objects"] if item["uri"].endswith(suffix))
+
+
+def change_inventory(change: Callable[[Inventory], None]) -> dict[str, Any]:
+    """Publish hooks applying ``change`` and then fixing the totals, so only the rule under
+    test breaks."""
+
+    def hook(inventory: Inventory) -> None:
+        change(inventory)
+        inventory["totals"] = {
+            "objects": len(inventory["objects"]),
+            "bytes": sum(item["bytes"] for item in inventory["objects"]),
+        }
+
+    return {"inventory_hook": hook}

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from fault_proxy import reset_after, stall_after
-from representation_fixture import Task
-from representation_helpers import _flip_byte, _selected, assert_examples, broken, load
+from representation_helpers import assert_examples, broken, first_selected, flip_byte, load
+from representation_tasks import Task
+from seaweed import config_for
 from syvain_training_data import (
     ObjectChangedError,
     ObjectDataError,
@@ -46,21 +47,23 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def _upload(change: Callable[[dict[str, bytes], Task], None]) -> Callable[[Any], Any]:
-    return lambda builder: {"upload_hook": lambda objects: change(objects, _selected(builder)[0])}
+    return lambda builder: {
+        "upload_hook": lambda objects: change(objects, first_selected(builder)[0])
+    }
 
 
 @pytest.mark.parametrize(
     ("hooks", "match"),
     [
         pytest.param(
-            _upload(lambda o, t: o.update({t.prepared_uri: _flip_byte(o[t.prepared_uri])})),
+            _upload(lambda o, t: o.update({t.prepared_uri: flip_byte(o[t.prepared_uri])})),
             "have SHA-256 .* claimed",
             id="tensor-digest",
         ),
         pytest.param(
             _upload(
                 lambda o, t: o.update(
-                    {t.representation_uri: _flip_byte(o[t.representation_uri], 100)}
+                    {t.representation_uri: flip_byte(o[t.representation_uri], 100)}
                 )
             ),
             "have SHA-256 .* claimed",
@@ -70,7 +73,7 @@ def _upload(change: Callable[[dict[str, bytes], Task], None]) -> Callable[[Any],
             _upload(
                 lambda o, t: o.update(
                     {
-                        u: _flip_byte(o[u], 10)
+                        u: flip_byte(o[u], 10)
                         for u in [t.prepared_uri.replace("safetensors", "parquet")]
                     }
                 )
@@ -88,7 +91,7 @@ def _upload(change: Callable[[dict[str, bytes], Task], None]) -> Callable[[Any],
         ),
         pytest.param(
             _upload(
-                lambda o, t: o.update({u: _flip_byte(o[u]) for u in o if u.endswith("recipe.json")})
+                lambda o, t: o.update({u: flip_byte(o[u]) for u in o if u.endswith("recipe.json")})
             ),
             None,
             id="unread-singleton",
@@ -195,12 +198,7 @@ def test_download_never_replaces_a_file(blob, config, temp_dir):
 
 def test_download_resumes_after_a_reset(blob, seaweed, fault_proxy, temp_dir):
     uri, data, etag = blob
-    through_proxy = StorageConfig.create(
-        s3_base_url=fault_proxy.endpoint,
-        region=seaweed.region,
-        access_key_id=seaweed.access_key_id,
-        secret_access_key=seaweed.secret_access_key,
-    )
+    through_proxy = config_for(seaweed, fault_proxy.endpoint)
     fault_proxy.script(reset_after(len(data) // 3, method="GET"))
     path = temp_dir / "out.bin"
     with storage_policy(backoff_base_s=0.01, backoff_cap_s=0.05):
@@ -226,12 +224,7 @@ def test_a_cancelled_download_stops_and_leaves_no_file(blob, config, temp_dir):
 
 def test_closing_the_prefetcher_stops_a_stalled_download(blob, seaweed, fault_proxy, temp_dir):
     uri, data, _ = blob
-    through_proxy = StorageConfig.create(
-        s3_base_url=fault_proxy.endpoint,
-        region=seaweed.region,
-        access_key_id=seaweed.access_key_id,
-        secret_access_key=seaweed.secret_access_key,
-    )
+    through_proxy = config_for(seaweed, fault_proxy.endpoint)
     fault_proxy.script(stall_after(1000, 600.0, method="GET"))
     claim = Claim(uri, len(data), hashlib.sha256(data).hexdigest())
     with Workspace() as workspace:

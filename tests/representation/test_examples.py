@@ -14,9 +14,9 @@ import pytest
 
 from fault_proxy import reset_after
 from representation_helpers import FAKE_URI, REQUEST, assert_examples, load
+from seaweed import config_for
 from syvain_training_data import SyvainTrainingData, _native
 from syvain_training_data.representation import iter_representation_examples
-from syvain_training_data.storage import StorageConfig
 from syvain_training_data.testing import storage_policy
 
 pytestmark = pytest.mark.timeout(300)
@@ -146,12 +146,7 @@ def test_early_close_and_unstarted_generators_leave_nothing(builder, config, tem
 
 def test_loader_resumes_through_network_faults(builder, config, seaweed, fault_proxy):
     published = builder.publish(config)
-    through_proxy = StorageConfig.create(
-        s3_base_url=fault_proxy.endpoint,
-        region=seaweed.region,
-        access_key_id=seaweed.access_key_id,
-        secret_access_key=seaweed.secret_access_key,
-    )
+    through_proxy = config_for(seaweed, fault_proxy.endpoint)
     fault_proxy.script(
         # A FIFO queue: the artifact manifest is read before the representation files.
         reset_after(10, method="GET", target="artifact-manifest"),

@@ -4,9 +4,12 @@ Needs the ``representation`` extra (numpy, pyarrow, safetensors, torch):
 ``pip install 'syvain-training-data[representation]'``. Without it, importing this package
 raises ModuleNotFoundError naming the extra and the install command.
 
-Modules: :mod:`.custody` (HEAD, streamed size and SHA-256, temporary files),
-:mod:`.publication` (data manifest, index, artifact manifest), :mod:`.blocks` (metadata
-tables, selection, tensors), :mod:`.examples` (the loader and :class:`RepresentationExample`).
+Modules, in the order the loader uses them: :mod:`.custody` (HEAD, streamed size and SHA-256,
+temporary files), :mod:`.layout` (canonical URI, splits, sources, roles), :mod:`.index` (data
+manifest and index shards), :mod:`.artifact_manifest` (the inventory), :mod:`.publication`
+(the chain checked into a Publication), :mod:`.blocks` (metadata tables, selection),
+:mod:`.relations` (each selected block's representation rows), :mod:`.tensor_files` (input_ids
+and projections), :mod:`.examples` (the loader and :class:`RepresentationExample`).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Final, NoReturn
+from typing import Final, NoReturn, Self
 
 from syvain_training_data import _native
 from syvain_training_data.errors import (
@@ -67,7 +67,25 @@ class Claim:
     sha256: str
 
 
-class Workspace:
+class _ClosedOnExit:
+    """``with`` support for an object whose :meth:`close` releases all it holds."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class Workspace(_ClosedOnExit):
     """A private temporary directory (mode 0700, in ``TMPDIR``) removed by :meth:`close`,
     whatever happened; each fetched object gets its own new file in it."""
 
@@ -85,17 +103,6 @@ class Workspace:
 
     def close(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
-
-    def __enter__(self) -> Workspace:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 @contextlib.contextmanager
@@ -174,7 +181,7 @@ def fetch(
     return path
 
 
-class Prefetcher:
+class Prefetcher(_ClosedOnExit):
     """Downloads claimed objects under custody in one background thread, in the order the
     caller will take them, at most ``lookahead`` objects ahead: the next downloads overlap the
     caller's work on the current one, while the bytes still arrive one object at a time.
@@ -234,14 +241,3 @@ class Prefetcher:
         self._planned.clear()
         self._executor.shutdown(wait=True, cancel_futures=True)
         self._started.clear()
-
-    def __enter__(self) -> Prefetcher:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

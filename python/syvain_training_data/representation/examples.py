@@ -32,21 +32,19 @@ import torch
 from syvain_training_data.representation.blocks import (
     PreparedBlocks,
     SelectedBlock,
-    read_input_ids,
     read_prepared_metadata,
-    read_projections,
-    read_relation_rows,
     select_blocks,
 )
 from syvain_training_data.representation.custody import Prefetcher, Workspace
-from syvain_training_data.representation.publication import (
+from syvain_training_data.representation.layout import (
     SOURCES,
     SPLITS,
-    Pair,
     is_sha256_hex,
-    load_publication,
     publication_prefix,
 )
+from syvain_training_data.representation.publication import Pair, load_publication
+from syvain_training_data.representation.relations import read_relation_rows
+from syvain_training_data.representation.tensor_files import read_input_ids, read_projections
 from syvain_training_data.storage import StorageConfig
 
 __all__ = [
