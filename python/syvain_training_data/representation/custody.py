@@ -35,8 +35,8 @@ from syvain_training_data.errors import (
     RepresentationIntegrityError,
     ShardDataError,
 )
-from syvain_training_data.storage import StorageConfig, head_object, native_storage
-from syvain_training_data.uris import plain_etag
+from syvain_training_data.object_check import check_head
+from syvain_training_data.storage import StorageConfig, native_storage
 
 __all__ = [
     "Claim",
@@ -156,10 +156,11 @@ def fetch(
     """
     storage = native_storage(storage_config)
     with custody_errors(uri, missing_is_integrity=missing_is_integrity):
-        info = head_object(uri, storage_config=storage_config)
-        if size is not None and info.size != size:
+        check = check_head(uri, storage_config, size=size, etag=etag)
+        info, mismatch = check.info, check.mismatch
+        if mismatch is not None and mismatch.field == "size":
             integrity_error(uri, f"the {what} has {info.size} bytes but {size} are claimed")
-        if etag and info.etag and plain_etag(info.etag) != plain_etag(etag):
+        if mismatch is not None:
             integrity_error(
                 uri, f"the {what} has etag {info.etag} but etag {etag} is claimed (replaced?)"
             )

@@ -27,6 +27,7 @@ from syvain_training_data.manifest import (
     canonical_manifest_bytes,
     parse_manifest,
 )
+from syvain_training_data.object_check import check_head
 from syvain_training_data.representation.custody import Claim, custody_errors, integrity_error
 from syvain_training_data.representation.layout import (
     ARTIFACT_MANIFEST_NAME,
@@ -37,7 +38,7 @@ from syvain_training_data.representation.layout import (
     is_sha256_hex,
 )
 from syvain_training_data.shard import iter_shard
-from syvain_training_data.storage import StorageConfig, head_object
+from syvain_training_data.storage import StorageConfig
 from syvain_training_data.uris import check_shard_scheme, plain_etag, s3_bucket_key
 
 __all__ = [
@@ -116,13 +117,14 @@ def read_index(
 ) -> list[dict[str, Any]]:
     """The rows of one index shard, read with the HEAD, size, etag and row-count checks."""
     with custody_errors(shard.uri):
-        info = head_object(shard.uri, storage_config=storage_config)
-        if info.size != shard.size_bytes:
+        check = check_head(shard.uri, storage_config, size=shard.size_bytes, etag=shard.etag)
+        info, mismatch = check.info, check.mismatch
+        if mismatch is not None and mismatch.field == "size":
             integrity_error(
                 shard.uri,
                 f"the index shard has {info.size} bytes but the manifest says {shard.size_bytes}",
             )
-        if info.etag and plain_etag(info.etag) != plain_etag(shard.etag):
+        if mismatch is not None:
             integrity_error(
                 shard.uri,
                 f"the index shard has etag {info.etag} but the manifest says {shard.etag}",
