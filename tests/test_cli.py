@@ -378,7 +378,7 @@ def test_head_unknown_split_or_stage_is_a_usage_error(tmp_path):
     manifest_uri = publish(file_store(tmp_path))
     result = run("head", manifest_uri, "--split", "test")
     assert result.code == 2
-    assert "unknown split 'test'; available splits: train, val" in result.err
+    assert "Unknown split 'test'; available splits: train, val" in result.err
     result = run("head", manifest_uri, "--split", "val", "--stage", "x")
     assert result.code == 2 and "available stages: (none)" in result.err
 
@@ -755,7 +755,7 @@ def test_bench_reads_a_split_and_prints_rates_and_counters(store, workers, stage
 def test_bench_usage_errors(tmp_path):
     manifest_uri = publish(file_store(tmp_path))
     unknown = run("bench", manifest_uri, "--split", "nope")
-    assert unknown.code == 2 and "unknown split 'nope'" in unknown.err
+    assert unknown.code == 2 and "Unknown split 'nope'" in unknown.err
     for seconds in ("0", "-1", "nan", "soon"):
         result = run("bench", manifest_uri, "--seconds", seconds)
         assert result.code == 2 and "--seconds" in result.err
