@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 
 from syvain_training_data import DataManifest, SyvainTrainingData, storage
-from syvain_training_data.cli import Progress, copy_layout, main
+from syvain_training_data.cli import main
+from syvain_training_data.cli.cp import copy_layout
+from syvain_training_data.cli.output import ShardProgress
 from syvain_training_data.shard import iter_shard
 from syvain_training_data.storage import StorageConfig
 
@@ -315,7 +317,7 @@ def test_verify_deep_reads_parquet_and_jsonl(tmp_path):
 def test_progress_line_shows_bytes_records_and_rates():
     stream = io.StringIO()
     now = [100.0]
-    progress = Progress(
+    progress = ShardProgress(
         stream,
         label="verify",
         total_bytes=2_000_000,
@@ -494,26 +496,28 @@ def test_copy_layout_keeps_relative_paths_and_files_external_shards():
 # --------------------------------------------------------------------------------------------
 
 
-def test_demo_publishes_reads_back_and_reuses_on_a_rerun(tmp_path, capsys):
-    assert run("demo", "--root", str(tmp_path), "--records", "300").code == 0
-    out = capsys.readouterr().out
+def test_demo_publishes_reads_back_and_reuses_on_a_rerun(tmp_path):
+    first = run("demo", "--root", str(tmp_path), "--records", "300")
+    assert first.code == 0, first.err
+    out = first.out
     assert "every record read exactly once" in out and "summary: 300 records" in out
     assert "reused" not in out
     manifest = tmp_path / "datasets" / "demo" / "data-manifest-v1.json"
     published = DataManifest.model_validate_json(manifest.read_bytes())
     assert published.splits["train"].records == 240
     assert sorted(published.splits["train"].curriculum) == ["main", "warmup"]
-    assert run("demo", "--root", str(tmp_path), "--records", "300").code == 0
-    assert "reused 10 shards finished by an earlier run" in capsys.readouterr().out
+    again = run("demo", "--root", str(tmp_path), "--records", "300")
+    assert again.code == 0, again.err
+    assert "reused 10 shards finished by an earlier run" in again.out
     assert manifest.read_bytes() == published.model_dump_json(indent=2).encode() + b"\n"
 
 
-def test_demo_against_seaweedfs(capsys):
-    assert run("demo", "--s3", "--records", "100").code == 0
-    out = capsys.readouterr().out
-    assert (
-        "store: SeaweedFS at http://127.0.0.1:" in out and "every record read exactly once" in out
-    )
+def test_demo_against_seaweedfs(seaweed, s3_bucket, unique_prefix):
+    root = f"s3://{s3_bucket}/{unique_prefix}"
+    result = run("demo", "--root", root, "--records", "100", env=seaweed.env())
+    assert result.code == 0, result.err
+    out = result.out
+    assert f"store: {root} at http://127.0.0.1:" in out and "every record read exactly once" in out
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,8 @@ Decisions:
   as records are read (proportionally within a shard, exactly when it ends).
 - **head** prints records as JSON lines (ASCII, keys in record order); ``bytes`` values become
   ``{"$base64": "..."}``.
-- **cp** copies the manifest's exact bytes; with ``--with-shards`` see :func:`copy_layout`.
+- **cp** copies the manifest's exact bytes; with ``--with-shards`` see
+  :func:`syvain_training_data.cli.cp.copy_layout`.
   Destination objects are written create-only: an existing identical object is reused (a
   re-run finishes an interrupted copy), different bytes are an error, nothing is overwritten.
 
@@ -50,12 +51,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Final, TextIO
 
 from syvain_training_data.cli.context import Context, make_client
-from syvain_training_data.cli.cp import copy_layout
 from syvain_training_data.cli.errors import CommandFailed, UsageError, describe
-from syvain_training_data.cli.output import EscapingFormatter, Progress, printable, printable_lines
+from syvain_training_data.cli.output import EscapingFormatter, printable, printable_lines
 from syvain_training_data.cli.parser import PROG, build_parser
 
-__all__ = ["Progress", "UsageError", "copy_layout", "main"]
+__all__ = ["main"]
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1

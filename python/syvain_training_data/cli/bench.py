@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from syvain_training_data.cli.context import Context, check_schemes, manifest_uri
-from syvain_training_data.cli.output import emit, human_bytes, isatty, plural
+from syvain_training_data.cli.context import Context, check_schemes, to_uri
+from syvain_training_data.cli.output import CountProgress, emit, human_bytes, plural
 from syvain_training_data.cli.shards import selected_shards
 
 
@@ -16,11 +16,10 @@ def _bench_batch(records: list[object]) -> list[object]:
 
 
 def bench_command(ctx: Context) -> None:
-    from syvain_training_data.demo import progress
     from syvain_training_data.loading.split_loader import SplitDataLoader
 
     args = ctx.args
-    uri = manifest_uri(ctx, args.manifest)
+    uri = to_uri(args.manifest)
     manifest = ctx.client.load_manifest(uri)
     split, shards = selected_shards(ctx, manifest)
     check_schemes(ctx, uri, shards)
@@ -34,20 +33,17 @@ def bench_command(ctx: Context) -> None:
     ).load(split, args.stage)
     total, done, received = len(loader), 0, 0
     stopped = "the end of the split"
-    started = drawn = time.perf_counter()
+    progress = CountProgress(ctx.stderr, "bench", total, enabled=args.progress)
+    started = time.perf_counter()
     for batch in loader:
         done += 1
         received += len(batch)
-        now = time.perf_counter()
-        if args.progress and (now - drawn >= 0.1 or done == total):
-            drawn = now
-            progress("bench", done, total, started, stream=ctx.stderr)
-        if now - started >= args.seconds and done < total:
+        progress.advance()
+        if time.perf_counter() - started >= args.seconds and done < total:
             stopped = f"{args.seconds:g} s"
             break
     elapsed = time.perf_counter() - started
-    if args.progress and done < total and isatty(ctx.stderr):
-        ctx.stderr.write("\n")
+    progress.finish()
     stats = loader.stats()
     selected = f"{split}" + (f", stage {args.stage}" if args.stage else "")
     size = sum(shard.size_bytes for shard in shards)

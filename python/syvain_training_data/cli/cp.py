@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from syvain_training_data.cli.context import Context, check_schemes, to_uri
-from syvain_training_data.cli.output import Progress, emit, plural
+from syvain_training_data.cli.context import Context, check_schemes, is_local_path, to_uri
+from syvain_training_data.cli.output import ShardProgress, emit, plural
 from syvain_training_data.cli.shards import unique_shards
 from syvain_training_data.manifest import (
     DataManifest,
@@ -17,10 +17,19 @@ from syvain_training_data.manifest import (
     read_manifest_bytes,
 )
 from syvain_training_data.storage import put_object
+from syvain_training_data.uris import file_path, s3_bucket_key, scheme_of
 
 
 def _parent(uri: str) -> str:
     return uri.rsplit("/", 1)[0]
+
+
+def _location(uri: str) -> str:
+    """``bucket/key`` of an s3:// URI, the path without its root slash of a file:// one."""
+    if scheme_of(uri) == "s3":
+        bucket, key = s3_bucket_key(uri)
+        return f"{bucket}/{key}"
+    return file_path(uri).lstrip("/")
 
 
 def copy_layout(source_manifest: str, destination_manifest: str, shard_uri: str) -> str:
@@ -35,12 +44,11 @@ def copy_layout(source_manifest: str, destination_manifest: str, shard_uri: str)
     destination_folder = _parent(destination_manifest)
     if shard_uri.startswith(source_folder):
         return f"{destination_folder}/{shard_uri[len(source_folder) :]}"
-    scheme, _, rest = shard_uri.partition("://")
-    return f"{destination_folder}/shards/external/{scheme}/{rest.lstrip('/')}"
+    return f"{destination_folder}/shards/external/{scheme_of(shard_uri)}/{_location(shard_uri)}"
 
 
 def _destination(source: str, argument: str) -> str:
-    if argument.endswith("/") or ("://" not in argument and Path(argument).is_dir()):
+    if argument.endswith("/") or (is_local_path(argument) and Path(argument).is_dir()):
         argument = argument.rstrip("/") + "/" + source.rsplit("/", 1)[1]
     return to_uri(argument)
 
@@ -80,14 +88,7 @@ def cp_command(ctx: Context) -> None:
     targets = {shard.uri: copy_layout(source, destination, shard.uri) for shard in shards}
     if len(set(targets.values())) != len(targets) or destination in targets.values():
         raise RuntimeError(f"two objects of {source} would be copied to the same destination URI")
-    progress = Progress(
-        ctx.stderr,
-        label="cp",
-        total_bytes=sum(shard.size_bytes for shard in shards),
-        total_records=sum(shard.records for shard in shards),
-        total_shards=len(shards),
-        enabled=ctx.args.progress,
-    )
+    progress = ShardProgress.of_shards(ctx.stderr, "cp", shards, enabled=ctx.args.progress)
 
     def copy(shard: ManifestShard) -> ManifestShard:
         from syvain_training_data.publish import copy_shard

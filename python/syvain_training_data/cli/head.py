@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 
-from syvain_training_data.cli.context import Context, check_schemes, manifest_uri
+from syvain_training_data.cli.context import Context, check_schemes, to_uri
 from syvain_training_data.cli.output import json_line
 from syvain_training_data.cli.shards import selected_shards
 from syvain_training_data.shard import iter_shard
@@ -17,7 +17,7 @@ def _json_default(value: object) -> object:
 
 
 def head_command(ctx: Context) -> None:
-    uri = manifest_uri(ctx, ctx.args.manifest)
+    uri = to_uri(ctx.args.manifest)
     manifest = ctx.client.load_manifest(uri)
     _, shards = selected_shards(ctx, manifest)
     check_schemes(ctx, uri, shards)

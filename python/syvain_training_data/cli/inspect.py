@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from syvain_training_data.cli.context import Context, manifest_uri
+from syvain_training_data.cli.context import Context, to_uri
 from syvain_training_data.cli.output import emit, human_bytes, table
 from syvain_training_data.cli.shards import unique_shards
 
 
 def inspect_command(ctx: Context) -> None:
-    uri = manifest_uri(ctx, ctx.args.manifest)
+    uri = to_uri(ctx.args.manifest)
     manifest = ctx.client.load_manifest(uri)
     rows = [["split", "stage", "records", "bytes", "size", "shards"]]
     for name, entry in manifest.splits.items():

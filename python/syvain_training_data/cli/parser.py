@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-from typing import Final
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
 
 from syvain_training_data.cli.bench import bench_command
 from syvain_training_data.cli.cp import cp_command
@@ -12,6 +12,9 @@ from syvain_training_data.cli.demo import demo_command
 from syvain_training_data.cli.head import head_command
 from syvain_training_data.cli.inspect import inspect_command
 from syvain_training_data.cli.verify import verify_command
+
+if TYPE_CHECKING:
+    from syvain_training_data.cli.context import Context
 
 PROG: Final = "syvain-data"
 
@@ -70,59 +73,51 @@ def _common_options(suppress: bool) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = _common_options(suppress=True)
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Inspect, verify, read and copy syvain-training-data datasets.",
         parents=[_common_options(suppress=False)],
         epilog="Exit status: 0 success, 1 failure or a problem found, 2 usage error.",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = _Commands(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
 
-    inspect = commands.add_parser(
+    inspect = commands.add(
         "inspect",
-        parents=[common],
+        inspect_command,
         help="splits, stages, records, bytes and shard counts, as a table",
         description="Print a manifest's splits and curriculum stages with their records, bytes "
         "and shard counts.",
     )
-    inspect.add_argument("manifest", metavar="MANIFEST", help="manifest URI or local path")
-    inspect.set_defaults(run=inspect_command)
+    _add_manifest(inspect)
 
-    verify = commands.add_parser(
+    verify = commands.add(
         "verify",
-        parents=[common],
+        verify_command,
         help="check every shard: size and etag (HEAD); --deep reads every record",
         description="HEAD every shard of a manifest and compare its size and etag with the "
         "manifest. With --deep, also stream every shard and check its record count. Every "
         "problem is printed on its own line; the exit status is 1 if there is any.",
     )
-    verify.add_argument("manifest", metavar="MANIFEST", help="manifest URI or local path")
+    _add_manifest(verify)
     verify.add_argument("--deep", action="store_true", help="stream every shard and count records")
-    _add_jobs(verify, 8)
-    _add_progress(verify)
-    _add_allow_mixed_schemes(verify)
-    verify.set_defaults(run=verify_command)
+    _add_shard_options(verify, jobs=8)
 
-    head = commands.add_parser(
+    head = commands.add(
         "head",
-        parents=[common],
+        head_command,
         help="the first records of a split, as JSON lines",
         description="Print the first records of a split (or of one curriculum stage) as JSON "
         'lines. bytes values are printed as {"$base64": "..."}.',
     )
-    head.add_argument("manifest", metavar="MANIFEST", help="manifest URI or local path")
-    head.add_argument("--split", help="split to read (default: the manifest's first split)")
-    head.add_argument("--stage", help="read this curriculum stage of the split")
+    _add_manifest(head, split=True)
     head.add_argument(
         "-n", "--records", type=_non_negative, default=10, metavar="N", help="default 10"
     )
-    _add_allow_mixed_schemes(head)
-    head.set_defaults(run=head_command)
+    _add_shard_options(head, progress=False)
 
-    cp = commands.add_parser(
+    cp = commands.add(
         "cp",
-        parents=[common],
+        cp_command,
         help="copy a manifest; --with-shards copies and verifies its shards too",
         description="Copy a manifest (its exact bytes). With --with-shards, copy every shard "
         "under the destination manifest's folder, verify each copy (size, etag, record "
@@ -133,23 +128,18 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("source", metavar="SRC", help="source manifest URI or local path")
     cp.add_argument("destination", metavar="DST", help="destination manifest URI or local path")
     cp.add_argument("--with-shards", action="store_true", help="copy and verify the shards too")
-    _add_jobs(cp, 4)
-    _add_progress(cp)
-    _add_allow_mixed_schemes(cp)
-    cp.set_defaults(run=cp_command)
+    _add_shard_options(cp, jobs=4)
 
-    bench = commands.add_parser(
+    bench = commands.add(
         "bench",
-        parents=[common],
+        bench_command,
         help="read a split as training does: records/s, MB/s, time to first batch, counters",
         description="Read a split (or one curriculum stage) with SplitDataLoader, as a training "
         "loop does, for --seconds or to the end of the split, and print records/s, MB/s, the "
         "time to the first batch and the loader's counters (shard opens, time to first record, "
         "retries by cause), to size workers and shards before a run. Needs the torch extra.",
     )
-    bench.add_argument("manifest", metavar="MANIFEST", help="manifest URI or local path")
-    bench.add_argument("--split", help="split to read (default: the manifest's first split)")
-    bench.add_argument("--stage", help="read this curriculum stage of the split")
+    _add_manifest(bench, split=True)
     bench.add_argument(
         "--workers", type=_non_negative, default=2, help="DataLoader workers (default 2)"
     )
@@ -163,49 +153,78 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--batch-size", type=_positive, default=32, metavar="B", help="records per batch (32)"
     )
-    _add_progress(bench)
-    _add_allow_mixed_schemes(bench)
-    bench.set_defaults(run=bench_command)
+    _add_shard_options(bench)
 
-    demo = commands.add_parser(
+    demo = commands.add(
         "demo",
-        parents=[common],
+        demo_command,
         help="publish a dataset from a process pool and read it back with SplitDataLoader",
         description="The README's main job: publish a curriculum dataset with DatasetSaver from "
         "two processes (deterministic shard ids, so a second run reuses finished shards), then "
         "read one epoch with SplitDataLoader (two workers, shuffled) and check every record.",
     )
-    demo.add_argument("--root", type=Path, default=None, help="directory of the local store")
-    demo.add_argument("--records", type=_positive, default=20_000)
     demo.add_argument(
-        "--s3", action="store_true", help="against a SeaweedFS started for the occasion"
+        "--root",
+        default=None,
+        metavar="DIR",
+        help="local directory (default: a fresh temporary one) or s3://bucket/prefix to "
+        "publish under",
     )
-    demo.set_defaults(run=demo_command)
+    demo.add_argument("--records", type=_positive, default=20_000)
     return parser
 
 
-def _add_jobs(parser: argparse.ArgumentParser, default: int) -> None:
-    parser.add_argument(
-        "-j",
-        "--jobs",
-        type=_positive,
-        default=default,
-        help=f"shards handled at once (default {default})",
-    )
+class _Commands:
+    """Adds subcommands that all take the connection options and name the function they run."""
+
+    def __init__(self, subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+        self._subparsers = subparsers
+        self._common = _common_options(suppress=True)
+
+    def add(
+        self, name: str, run: Callable[[Context], None], *, help: str, description: str
+    ) -> argparse.ArgumentParser:
+        parser = self._subparsers.add_parser(
+            name, parents=[self._common], help=help, description=description
+        )
+        parser.set_defaults(run=run)
+        return parser
 
 
-def _add_allow_mixed_schemes(parser: argparse.ArgumentParser) -> None:
+def _add_manifest(parser: argparse.ArgumentParser, *, split: bool = False) -> None:
+    """The MANIFEST argument; with ``split``, the ``--split`` and ``--stage`` that select
+    what to read."""
+    parser.add_argument("manifest", metavar="MANIFEST", help="manifest URI or local path")
+    if split:
+        parser.add_argument("--split", help="split to read (default: the manifest's first split)")
+        parser.add_argument("--stage", help="read this curriculum stage of the split")
+
+
+def _add_shard_options(
+    parser: argparse.ArgumentParser, *, jobs: int | None = None, progress: bool = True
+) -> None:
+    """The options of a command that reads shards: ``--jobs`` (shards at once, when the
+    command reads several at a time), ``--no-progress`` and ``--allow-mixed-schemes``."""
+    if jobs is not None:
+        parser.add_argument(
+            "-j",
+            "--jobs",
+            type=_positive,
+            default=jobs,
+            help=f"shards handled at once (default {jobs})",
+        )
+    if progress:
+        parser.add_argument(
+            "--no-progress",
+            dest="progress",
+            action="store_false",
+            help="no progress line on stderr",
+        )
     parser.add_argument(
         "--allow-mixed-schemes",
         action="store_true",
         help="read a trusted manifest whose shards use another scheme than the manifest "
         "(by default an s3:// manifest may name only s3:// shards, a file:// one only file://)",
-    )
-
-
-def _add_progress(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--no-progress", dest="progress", action="store_false", help="no progress line on stderr"
     )
 
 
