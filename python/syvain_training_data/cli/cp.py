@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Final
 
+from syvain_training_data.cli.arguments import add_shard_options
 from syvain_training_data.cli.context import Context, check_schemes, is_local_path, to_uri
 from syvain_training_data.cli.output import ShardProgress, emit, plural
 from syvain_training_data.cli.shards import unique_shards
@@ -18,6 +21,22 @@ from syvain_training_data.manifest import (
 )
 from syvain_training_data.storage import put_object
 from syvain_training_data.uris import file_path, s3_bucket_key, scheme_of
+
+HELP: Final = "copy a manifest; --with-shards copies and verifies its shards too"
+DESCRIPTION: Final = (
+    "Copy a manifest (its exact bytes). With --with-shards, copy every shard under the "
+    "destination manifest's folder, verify each copy (size, etag, record count), and write a "
+    "manifest with the new URIs, last. Shards under the source manifest's folder keep their "
+    "relative path; others go to shards/external/{scheme}/{bucket or path}/... . DST may be a "
+    "folder (ending in /)."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", metavar="SRC", help="source manifest URI or local path")
+    parser.add_argument("destination", metavar="DST", help="destination manifest URI or local path")
+    parser.add_argument("--with-shards", action="store_true", help="copy and verify the shards too")
+    add_shard_options(parser, jobs=4)
 
 
 def _parent(uri: str) -> str:
@@ -72,7 +91,7 @@ def _publish_manifest(ctx: Context, uri: str, data: bytes) -> None:
         emit(ctx.stdout, f"{uri} already holds this manifest")
 
 
-def cp_command(ctx: Context) -> None:
+def run(ctx: Context) -> None:
     source = to_uri(ctx.args.source)
     destination = _destination(source, ctx.args.destination)
     config = ctx.client.storage_config

@@ -10,6 +10,7 @@ shards it already finished (deterministic shard ids).
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing
 import random
 import sys
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Final, TextIO
 
+from syvain_training_data.cli.arguments import positive
 from syvain_training_data.cli.context import Context, is_local_path, to_uri
 from syvain_training_data.cli.output import CountProgress, emit
 from syvain_training_data.client import SyvainTrainingData
@@ -69,7 +71,26 @@ BATCH_SIZE: Final = 64
 DATASET_PATH: Final = "datasets/demo"
 
 
-def demo_command(ctx: Context) -> None:
+HELP: Final = "publish a dataset from a process pool and read it back with SplitDataLoader"
+DESCRIPTION: Final = (
+    "The README's main job: publish a curriculum dataset with DatasetSaver from two processes "
+    "(deterministic shard ids, so a second run reuses finished shards), then read one epoch "
+    "with SplitDataLoader (two workers, shuffled) and check every record."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--root",
+        default=None,
+        metavar="DIR",
+        help="local directory (default: a fresh temporary one) or s3://bucket/prefix to "
+        "publish under",
+    )
+    parser.add_argument("--records", type=positive, default=20_000)
+
+
+def run(ctx: Context) -> None:
     root = ctx.args.root or tempfile.mkdtemp(prefix="syvain-demo-")
     root_uri = to_uri(root) if is_local_path(root) else root.rstrip("/")
     run_demo(ctx.client, root_uri, ctx.args.records, ctx.stdout)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 from concurrent.futures import ThreadPoolExecutor
+from typing import Final
 
+from syvain_training_data.cli.arguments import add_manifest, add_shard_options
 from syvain_training_data.cli.context import Context, check_schemes, to_uri
 from syvain_training_data.cli.errors import CommandFailed, describe
 from syvain_training_data.cli.output import ShardProgress, emit, plural
@@ -12,6 +15,19 @@ from syvain_training_data.manifest import DataManifest, DataManifestDataFormat, 
 from syvain_training_data.shard import iter_shard
 from syvain_training_data.storage import head_object
 from syvain_training_data.uris import plain_etag, portable_etag
+
+HELP: Final = "check every shard: size and etag (HEAD); --deep reads every record"
+DESCRIPTION: Final = (
+    "HEAD every shard of a manifest and compare its size and etag with the manifest. With "
+    "--deep, also stream every shard and check its record count. Every problem is printed on "
+    "its own line; the exit status is 1 if there is any."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_manifest(parser)
+    parser.add_argument("--deep", action="store_true", help="stream every shard and count records")
+    add_shard_options(parser, jobs=8)
 
 
 def head_problem(shard: ManifestShard, ctx: Context) -> str | None:
@@ -63,7 +79,7 @@ def deep_problem(
     return None
 
 
-def verify_command(ctx: Context) -> None:
+def run(ctx: Context) -> None:
     uri = to_uri(ctx.args.manifest)
     manifest = ctx.client.load_manifest(uri)
     shards = unique_shards(manifest)
