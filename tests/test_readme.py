@@ -11,7 +11,7 @@
   ``./dev setup`` rebuild the environment under the running tests), and ``pip install`` would
   change this environment or need the package on PyPI. They are checked instead: every ``./dev``
   subcommand exists in ``dev``, and every ``pip install`` names this project and extras that
-  ``pyproject.toml`` defines. (``./dev demo``'s job itself runs in tests/test_cli.py.)
+  ``pyproject.toml`` defines. (``./dev demo``'s job itself runs in tests/cli/test_demo.py.)
 - Any other language is an error, so no block escapes these checks.
 """
 

@@ -26,17 +26,22 @@ Decisions:
 - **Progress** (``verify --deep``, ``cp --with-shards``) is one line on stderr, redrawn in place
   on a terminal and printed every few seconds otherwise; a small hand-written line rather than
   tqdm keeps the base install at pydantic only. Bytes are the shards' manifest sizes, credited
-  as records are read (proportionally within a shard, exactly when it ends).
+  as records are read (proportionally within a shard, exactly when it ends). ``bench`` and
+  ``demo`` draw a bar of batches or tasks the same way, printed only when done off a terminal.
 - **head** prints records as JSON lines (ASCII, keys in record order); ``bytes`` values become
   ``{"$base64": "..."}``.
-- **cp** copies the manifest's exact bytes; with ``--with-shards`` see :func:`copy_layout`.
-  Destination objects are written create-only: an existing identical object is reused (a
-  re-run finishes an interrupted copy), different bytes are an error, nothing is overwritten.
+- **cp** copies the manifest's exact bytes; with ``--with-shards`` see
+  :func:`syvain_training_data.cli.cp.copy_layout`. Destination objects are written
+  create-only: an existing identical object is reused (a re-run finishes an interrupted copy),
+  different bytes are an error, nothing is overwritten.
 
 The package has one module per command (``inspect``, ``verify``, ``head``, ``cp``, ``bench``,
-``demo``); ``parser`` builds the command line, ``context`` turns it into a client and URIs,
-``output`` writes tables and the progress line, ``shards`` selects a manifest's shards and
-``errors`` holds the exceptions that set the exit status. :func:`main` is here.
+``demo``: its help, its arguments and ``run``); ``parser`` builds the command line from them,
+``arguments`` holds the arguments several commands share, ``context`` turns the command line
+into a client and URIs,
+``output`` writes tables and the progress lines, ``shards`` selects a manifest's shards (a
+split's and a stage's with the loader's ``select_shards``) and ``errors`` holds the
+exceptions that set the exit status. :func:`main` is here.
 """
 
 from __future__ import annotations
@@ -50,12 +55,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Final, TextIO
 
 from syvain_training_data.cli.context import Context, make_client
-from syvain_training_data.cli.cp import copy_layout
 from syvain_training_data.cli.errors import CommandFailed, UsageError, describe
-from syvain_training_data.cli.output import EscapingFormatter, Progress, printable, printable_lines
+from syvain_training_data.cli.output import EscapingFormatter, printable, printable_lines
 from syvain_training_data.cli.parser import PROG, build_parser
 
-__all__ = ["Progress", "UsageError", "copy_layout", "main"]
+__all__ = ["main"]
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1

@@ -3,11 +3,46 @@ rates and the loader's counters."""
 
 from __future__ import annotations
 
+import argparse
 import time
+from typing import Final
 
-from syvain_training_data.cli.context import Context, check_schemes, manifest_uri
-from syvain_training_data.cli.output import emit, human_bytes, isatty, plural
+from syvain_training_data.cli.arguments import (
+    add_manifest,
+    add_shard_options,
+    non_negative,
+    positive,
+    positive_seconds,
+)
+from syvain_training_data.cli.context import Context, check_schemes, to_uri
+from syvain_training_data.cli.output import CountProgress, emit, human_bytes, plural
 from syvain_training_data.cli.shards import selected_shards
+
+HELP: Final = "read a split as training does: records/s, MB/s, time to first batch, counters"
+DESCRIPTION: Final = (
+    "Read a split (or one curriculum stage) with SplitDataLoader, as a training loop does, for "
+    "--seconds or to the end of the split, and print records/s, MB/s, the time to the first "
+    "batch and the loader's counters (shard opens, time to first record, retries by cause), to "
+    "size workers and shards before a run. Needs the torch extra."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_manifest(parser, split=True)
+    parser.add_argument(
+        "--workers", type=non_negative, default=2, help="DataLoader workers (default 2)"
+    )
+    parser.add_argument(
+        "--seconds",
+        type=positive_seconds,
+        default=30.0,
+        metavar="T",
+        help="stop after T seconds if the split lasts longer (default 30)",
+    )
+    parser.add_argument(
+        "--batch-size", type=positive, default=32, metavar="B", help="records per batch (32)"
+    )
+    add_shard_options(parser)
 
 
 def _bench_batch(records: list[object]) -> list[object]:
@@ -15,12 +50,11 @@ def _bench_batch(records: list[object]) -> list[object]:
     return records
 
 
-def bench_command(ctx: Context) -> None:
-    from syvain_training_data.demo import progress
+def run(ctx: Context) -> None:
     from syvain_training_data.loading.split_loader import SplitDataLoader
 
     args = ctx.args
-    uri = manifest_uri(ctx, args.manifest)
+    uri = to_uri(args.manifest)
     manifest = ctx.client.load_manifest(uri)
     split, shards = selected_shards(ctx, manifest)
     check_schemes(ctx, uri, shards)
@@ -34,20 +68,17 @@ def bench_command(ctx: Context) -> None:
     ).load(split, args.stage)
     total, done, received = len(loader), 0, 0
     stopped = "the end of the split"
-    started = drawn = time.perf_counter()
+    progress = CountProgress(ctx.stderr, "bench", total, enabled=args.progress)
+    started = time.perf_counter()
     for batch in loader:
         done += 1
         received += len(batch)
-        now = time.perf_counter()
-        if args.progress and (now - drawn >= 0.1 or done == total):
-            drawn = now
-            progress("bench", done, total, started, stream=ctx.stderr)
-        if now - started >= args.seconds and done < total:
+        progress.advance()
+        if time.perf_counter() - started >= args.seconds and done < total:
             stopped = f"{args.seconds:g} s"
             break
     elapsed = time.perf_counter() - started
-    if args.progress and done < total and isatty(ctx.stderr):
-        ctx.stderr.write("\n")
+    progress.finish()
     stats = loader.stats()
     selected = f"{split}" + (f", stage {args.stage}" if args.stage else "")
     size = sum(shard.size_bytes for shard in shards)

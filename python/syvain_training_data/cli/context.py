@@ -13,7 +13,7 @@ from typing import Final, TextIO
 from syvain_training_data.cli.errors import UsageError
 from syvain_training_data.client import SyvainTrainingData
 from syvain_training_data.manifest import ManifestShard
-from syvain_training_data.uris import check_shard_scheme, check_uri
+from syvain_training_data.uris import FILE_PREFIX, check_shard_scheme, check_uri
 
 # Flag -> the AWS variable it overrides (SyvainTrainingData.from_env reads these).
 _CREDENTIAL_FLAGS: Final = (
@@ -89,27 +89,29 @@ def make_client(args: argparse.Namespace, environ: Mapping[str, str]) -> SyvainT
         raise UsageError(str(error).splitlines()[0]) from error
 
 
+def is_local_path(argument: str) -> bool:
+    """A URI argument without ``://`` is a local path."""
+    return "://" not in argument
+
+
 def to_uri(argument: str) -> str:
     """A URI argument as given, or a local path as a ``file:///absolute/path`` URI.
 
-    Raises UsageError for another scheme or a malformed s3:// or file:// URI.
+    A URI is checked by :func:`~syvain_training_data.uris.check_uri`: UsageError for another
+    scheme or a malformed s3:// or file:// URI. Credentials for s3:// are found when the first
+    request is signed: a client without keys resolves the AWS default chain then, and "no
+    credentials found" exits 2 (see :func:`syvain_training_data.cli.main`).
     """
-    if "://" not in argument:
+    if is_local_path(argument):
         path = Path(argument).expanduser().resolve().as_posix()
-        return "file://" + (path if path.startswith("/") else "/" + path)
+        # Kept literally (file:// URIs are not percent-decoded); a Windows path gets a root slash.
+        return FILE_PREFIX + (path if path.startswith("/") else "/" + path)
     try:
         return check_uri(argument)
     except ValueError as error:
         raise UsageError(
             f"{error}: use s3://bucket/key, file:///absolute/path or a local path"
         ) from None
-
-
-def manifest_uri(ctx: Context, argument: str) -> str:
-    """A manifest argument as a URI. Credentials for s3:// are found when the first request
-    is signed: a client without keys resolves the AWS default chain then, and "no credentials
-    found" exits 2 (see :func:`syvain_training_data.cli.main`)."""
-    return to_uri(argument)
 
 
 def check_schemes(ctx: Context, manifest_uri: str, shards: Sequence[ManifestShard]) -> None:

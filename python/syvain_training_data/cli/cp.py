@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Final
 
-from syvain_training_data.cli.context import Context, check_schemes, to_uri
-from syvain_training_data.cli.output import Progress, emit, plural
+from syvain_training_data.cli.arguments import add_shard_options
+from syvain_training_data.cli.context import Context, check_schemes, is_local_path, to_uri
+from syvain_training_data.cli.output import ShardProgress, emit, plural
 from syvain_training_data.cli.shards import unique_shards
 from syvain_training_data.manifest import (
     DataManifest,
@@ -17,10 +20,35 @@ from syvain_training_data.manifest import (
     read_manifest_bytes,
 )
 from syvain_training_data.storage import put_object
+from syvain_training_data.uris import file_path, s3_bucket_key, scheme_of
+
+HELP: Final = "copy a manifest; --with-shards copies and verifies its shards too"
+DESCRIPTION: Final = (
+    "Copy a manifest (its exact bytes). With --with-shards, copy every shard under the "
+    "destination manifest's folder, verify each copy (size, etag, record count), and write a "
+    "manifest with the new URIs, last. Shards under the source manifest's folder keep their "
+    "relative path; others go to shards/external/{scheme}/{bucket or path}/... . DST may be a "
+    "folder (ending in /)."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", metavar="SRC", help="source manifest URI or local path")
+    parser.add_argument("destination", metavar="DST", help="destination manifest URI or local path")
+    parser.add_argument("--with-shards", action="store_true", help="copy and verify the shards too")
+    add_shard_options(parser, jobs=4)
 
 
 def _parent(uri: str) -> str:
     return uri.rsplit("/", 1)[0]
+
+
+def _location(uri: str) -> str:
+    """``bucket/key`` of an s3:// URI, the path without its root slash of a file:// one."""
+    if scheme_of(uri) == "s3":
+        bucket, key = s3_bucket_key(uri)
+        return f"{bucket}/{key}"
+    return file_path(uri).lstrip("/")
 
 
 def copy_layout(source_manifest: str, destination_manifest: str, shard_uri: str) -> str:
@@ -35,12 +63,11 @@ def copy_layout(source_manifest: str, destination_manifest: str, shard_uri: str)
     destination_folder = _parent(destination_manifest)
     if shard_uri.startswith(source_folder):
         return f"{destination_folder}/{shard_uri[len(source_folder) :]}"
-    scheme, _, rest = shard_uri.partition("://")
-    return f"{destination_folder}/shards/external/{scheme}/{rest.lstrip('/')}"
+    return f"{destination_folder}/shards/external/{scheme_of(shard_uri)}/{_location(shard_uri)}"
 
 
 def _destination(source: str, argument: str) -> str:
-    if argument.endswith("/") or ("://" not in argument and Path(argument).is_dir()):
+    if argument.endswith("/") or (is_local_path(argument) and Path(argument).is_dir()):
         argument = argument.rstrip("/") + "/" + source.rsplit("/", 1)[1]
     return to_uri(argument)
 
@@ -64,7 +91,7 @@ def _publish_manifest(ctx: Context, uri: str, data: bytes) -> None:
         emit(ctx.stdout, f"{uri} already holds this manifest")
 
 
-def cp_command(ctx: Context) -> None:
+def run(ctx: Context) -> None:
     source = to_uri(ctx.args.source)
     destination = _destination(source, ctx.args.destination)
     config = ctx.client.storage_config
@@ -80,14 +107,7 @@ def cp_command(ctx: Context) -> None:
     targets = {shard.uri: copy_layout(source, destination, shard.uri) for shard in shards}
     if len(set(targets.values())) != len(targets) or destination in targets.values():
         raise RuntimeError(f"two objects of {source} would be copied to the same destination URI")
-    progress = Progress(
-        ctx.stderr,
-        label="cp",
-        total_bytes=sum(shard.size_bytes for shard in shards),
-        total_records=sum(shard.records for shard in shards),
-        total_shards=len(shards),
-        enabled=ctx.args.progress,
-    )
+    progress = ShardProgress.of_shards(ctx.stderr, "cp", shards, enabled=ctx.args.progress)
 
     def copy(shard: ManifestShard) -> ManifestShard:
         from syvain_training_data.publish import copy_shard

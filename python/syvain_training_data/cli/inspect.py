@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
-from syvain_training_data.cli.context import Context, manifest_uri
+import argparse
+from typing import Final
+
+from syvain_training_data.cli.arguments import add_manifest
+from syvain_training_data.cli.context import Context, to_uri
 from syvain_training_data.cli.output import emit, human_bytes, table
 from syvain_training_data.cli.shards import unique_shards
 
+HELP: Final = "splits, stages, records, bytes and shard counts, as a table"
+DESCRIPTION: Final = (
+    "Print a manifest's splits and curriculum stages with their records, bytes and shard counts."
+)
 
-def inspect_command(ctx: Context) -> None:
-    uri = manifest_uri(ctx, ctx.args.manifest)
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_manifest(parser)
+
+
+def run(ctx: Context) -> None:
+    uri = to_uri(ctx.args.manifest)
     manifest = ctx.client.load_manifest(uri)
     rows = [["split", "stage", "records", "bytes", "size", "shards"]]
     for name, entry in manifest.splits.items():

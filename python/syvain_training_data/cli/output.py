@@ -1,4 +1,4 @@
-r"""What commands print: tables, counts and sizes, and the :class:`Progress` line on stderr.
+r"""What commands print: tables, counts and sizes, and the progress lines on stderr.
 
 Everything a command prints goes through :func:`printable` (:func:`emit` prints a line with it):
 names, URIs, etags and messages come from manifests, store listings, descriptors and errors
@@ -18,7 +18,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import IO, Any, Final, TextIO
+from typing import IO, TYPE_CHECKING, Any, Final, TextIO
+
+if TYPE_CHECKING:
+    from syvain_training_data.manifest import ManifestShard
 
 _NAMED: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _UNSAFE: Final = [
@@ -102,12 +105,62 @@ def human_bytes(size: float) -> str:
     raise AssertionError("unreachable")
 
 
-class Progress:
-    """One progress line on stderr: bytes, records and their rates (and shards done).
+class ProgressLine:
+    """One progress line on a stream, from the subclass's :meth:`line`.
 
-    On a terminal the line is redrawn in place at most ten times a second; elsewhere (a log,
-    a pipe) it is printed every ``interval_s`` seconds. ``finish`` prints the final line.
+    On a terminal it is redrawn in place at most ten times a second; elsewhere (a log, a pipe)
+    it is printed every ``interval_s`` seconds, or, when that is None, only by :meth:`finish`,
+    which prints the final line. Thread-safe: workers of a pool may report to one line.
     """
+
+    def __init__(
+        self,
+        stream: TextIO,
+        *,
+        enabled: bool = True,
+        interval_s: float | None = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._stream = stream
+        self._enabled = enabled
+        self._tty = isatty(stream)
+        self._interval_s = 0.1 if self._tty else interval_s
+        self._lock = threading.Lock()
+        self._clock = clock
+        self._started = clock()
+        self._last = self._started
+
+    def line(self, now: float | None = None) -> str:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        with self._lock:
+            if self._enabled:
+                self._draw(self._clock(), final=True)
+
+    def _elapsed(self, now: float | None) -> float:
+        return max((self._clock() if now is None else now) - self._started, 1e-9)
+
+    def _changed(self) -> None:
+        """Draws the line if it is due; the caller holds the lock and has updated the counts."""
+        now = self._clock()
+        due = self._interval_s is not None and now - self._last >= self._interval_s
+        if self._enabled and due:
+            self._last = now
+            self._draw(now, final=False)
+
+    def _draw(self, now: float, *, final: bool) -> None:
+        text = printable(self.line(now))
+        if self._tty:
+            self._stream.write("\r\x1b[2K" + text + ("\n" if final else ""))
+        else:
+            self._stream.write(text + "\n")
+        self._stream.flush()
+
+
+class ShardProgress(ProgressLine):
+    """Bytes, records and their rates, and shards done, out of the totals of a set of shards
+    (``verify --deep``, ``cp --with-shards``)."""
 
     def __init__(
         self,
@@ -121,37 +174,36 @@ class Progress:
         interval_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._stream = stream
+        super().__init__(stream, enabled=enabled, interval_s=interval_s, clock=clock)
         self._label = label
         self._totals = (total_bytes, total_records, total_shards)
-        self._enabled = enabled
-        self._tty = isatty(stream)
-        self._interval_s = 0.1 if self._tty else interval_s
-        self._lock = threading.Lock()
-        self._clock = clock
-        self._started = clock()
-        self._last = self._started
         self.bytes = 0
         self.records = 0
         self.shards = 0
+
+    @classmethod
+    def of_shards(
+        cls, stream: TextIO, label: str, shards: Sequence[ManifestShard], *, enabled: bool
+    ) -> ShardProgress:
+        """A line whose totals are those of ``shards`` (their manifest sizes and records)."""
+        return cls(
+            stream,
+            label=label,
+            total_bytes=sum(shard.size_bytes for shard in shards),
+            total_records=sum(shard.records for shard in shards),
+            total_shards=len(shards),
+            enabled=enabled,
+        )
 
     def add(self, *, bytes_: int = 0, records: int = 0, shards: int = 0) -> None:
         with self._lock:
             self.bytes += bytes_
             self.records += records
             self.shards += shards
-            now = self._clock()
-            if self._enabled and now - self._last >= self._interval_s:
-                self._last = now
-                self._draw(now, final=False)
-
-    def finish(self) -> None:
-        with self._lock:
-            if self._enabled:
-                self._draw(self._clock(), final=True)
+            self._changed()
 
     def line(self, now: float | None = None) -> str:
-        elapsed = max((self._clock() if now is None else now) - self._started, 1e-9)
+        elapsed = self._elapsed(now)
         total_bytes, total_records, total_shards = self._totals
         percent = 100.0 * self.bytes / total_bytes if total_bytes else 100.0
         return (
@@ -162,13 +214,36 @@ class Progress:
             f"{elapsed:.1f} s"
         )
 
-    def _draw(self, now: float, *, final: bool) -> None:
-        text = printable(self.line(now))
-        if self._tty:
-            self._stream.write("\r\x1b[2K" + text + ("\n" if final else ""))
-        else:
-            self._stream.write(text + "\n")
-        self._stream.flush()
+
+class CountProgress(ProgressLine):
+    """A bar of tasks or batches done out of a known total, and the elapsed time (``bench``,
+    ``demo``). Off a terminal only the final line is printed: these runs are short."""
+
+    WIDTH: Final = 30
+
+    def __init__(
+        self,
+        stream: TextIO,
+        label: str,
+        total: int,
+        *,
+        enabled: bool = True,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        super().__init__(stream, enabled=enabled, interval_s=None, clock=clock)
+        self._label = label
+        self._total = total
+        self.done = 0
+
+    def advance(self, count: int = 1) -> None:
+        with self._lock:
+            self.done += count
+            self._changed()
+
+    def line(self, now: float | None = None) -> str:
+        filled = self.WIDTH * self.done // max(self._total, 1)
+        bar = "#" * filled + "." * (self.WIDTH - filled)
+        return f"  {self._label:<8} [{bar}] {self.done}/{self._total}  {self._elapsed(now):5.1f} s"
 
 
 def isatty(stream: IO[str]) -> bool:

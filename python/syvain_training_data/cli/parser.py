@@ -1,17 +1,41 @@
-"""The command line: :func:`build_parser`, the connection options and the argument types."""
+"""The command line: :func:`build_parser`, the connection options every command takes, and the
+commands, each a module that describes itself (``HELP``, ``DESCRIPTION``, ``add_arguments``)
+and runs (``run``)."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final, Protocol
 
-from syvain_training_data.cli.bench import bench_command
-from syvain_training_data.cli.cp import cp_command
-from syvain_training_data.cli.demo import demo_command
-from syvain_training_data.cli.head import head_command
-from syvain_training_data.cli.inspect import inspect_command
-from syvain_training_data.cli.verify import verify_command
+from syvain_training_data.cli import bench, cp, demo, head, inspect, verify
+
+if TYPE_CHECKING:
+    from syvain_training_data.cli.context import Context
+
+
+class _Command(Protocol):
+    """What a command module holds."""
+
+    @property
+    def HELP(self) -> str: ...  # noqa: N802 (a module constant)
+
+    @property
+    def DESCRIPTION(self) -> str: ...  # noqa: N802
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, ctx: Context) -> None: ...
+
+
+# In the order of ``syvain-data --help``.
+COMMANDS: Final[dict[str, _Command]] = {
+    "inspect": inspect,
+    "verify": verify,
+    "head": head,
+    "cp": cp,
+    "bench": bench,
+    "demo": demo,
+}
 
 PROG: Final = "syvain-data"
 
@@ -70,171 +94,18 @@ def _common_options(suppress: bool) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = _common_options(suppress=True)
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Inspect, verify, read and copy syvain-training-data datasets.",
         parents=[_common_options(suppress=False)],
         epilog="Exit status: 0 success, 1 failure or a problem found, 2 usage error.",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    inspect = commands.add_parser(
-        "inspect",
-        parents=[common],
-        help="splits, stages, records, bytes and shard counts, as a table",
-        description="Print a manifest's splits and curriculum stages with their records, bytes "
-        "and shard counts.",
-    )
-    inspect.add_argument("manifest", metavar="MANIFEST", help="manifest URI or local path")
-    inspect.set_defaults(run=inspect_command)
-
-    verify = commands.add_parser(
-        "verify",
-        parents=[common],
-        help="check every shard: size and etag (HEAD); --deep reads every record",
-        description="HEAD every shard of a manifest and compare its size and etag with the "
-        "manifest. With --deep, also stream every shard and check its record count. Every "
-        "problem is printed on its own line; the exit status is 1 if there is any.",
-    )
-    verify.add_argument("manifest", metavar="MANIFEST", help="manifest URI or local path")
-    verify.add_argument("--deep", action="store_true", help="stream every shard and count records")
-    _add_jobs(verify, 8)
-    _add_progress(verify)
-    _add_allow_mixed_schemes(verify)
-    verify.set_defaults(run=verify_command)
-
-    head = commands.add_parser(
-        "head",
-        parents=[common],
-        help="the first records of a split, as JSON lines",
-        description="Print the first records of a split (or of one curriculum stage) as JSON "
-        'lines. bytes values are printed as {"$base64": "..."}.',
-    )
-    head.add_argument("manifest", metavar="MANIFEST", help="manifest URI or local path")
-    head.add_argument("--split", help="split to read (default: the manifest's first split)")
-    head.add_argument("--stage", help="read this curriculum stage of the split")
-    head.add_argument(
-        "-n", "--records", type=_non_negative, default=10, metavar="N", help="default 10"
-    )
-    _add_allow_mixed_schemes(head)
-    head.set_defaults(run=head_command)
-
-    cp = commands.add_parser(
-        "cp",
-        parents=[common],
-        help="copy a manifest; --with-shards copies and verifies its shards too",
-        description="Copy a manifest (its exact bytes). With --with-shards, copy every shard "
-        "under the destination manifest's folder, verify each copy (size, etag, record "
-        "count), and write a manifest with the new URIs, last. Shards under the source "
-        "manifest's folder keep their relative path; others go to "
-        "shards/external/{scheme}/{bucket or path}/... . DST may be a folder (ending in /).",
-    )
-    cp.add_argument("source", metavar="SRC", help="source manifest URI or local path")
-    cp.add_argument("destination", metavar="DST", help="destination manifest URI or local path")
-    cp.add_argument("--with-shards", action="store_true", help="copy and verify the shards too")
-    _add_jobs(cp, 4)
-    _add_progress(cp)
-    _add_allow_mixed_schemes(cp)
-    cp.set_defaults(run=cp_command)
-
-    bench = commands.add_parser(
-        "bench",
-        parents=[common],
-        help="read a split as training does: records/s, MB/s, time to first batch, counters",
-        description="Read a split (or one curriculum stage) with SplitDataLoader, as a training "
-        "loop does, for --seconds or to the end of the split, and print records/s, MB/s, the "
-        "time to the first batch and the loader's counters (shard opens, time to first record, "
-        "retries by cause), to size workers and shards before a run. Needs the torch extra.",
-    )
-    bench.add_argument("manifest", metavar="MANIFEST", help="manifest URI or local path")
-    bench.add_argument("--split", help="split to read (default: the manifest's first split)")
-    bench.add_argument("--stage", help="read this curriculum stage of the split")
-    bench.add_argument(
-        "--workers", type=_non_negative, default=2, help="DataLoader workers (default 2)"
-    )
-    bench.add_argument(
-        "--seconds",
-        type=_positive_seconds,
-        default=30.0,
-        metavar="T",
-        help="stop after T seconds if the split lasts longer (default 30)",
-    )
-    bench.add_argument(
-        "--batch-size", type=_positive, default=32, metavar="B", help="records per batch (32)"
-    )
-    _add_progress(bench)
-    _add_allow_mixed_schemes(bench)
-    bench.set_defaults(run=bench_command)
-
-    demo = commands.add_parser(
-        "demo",
-        parents=[common],
-        help="publish a dataset from a process pool and read it back with SplitDataLoader",
-        description="The README's main job: publish a curriculum dataset with DatasetSaver from "
-        "two processes (deterministic shard ids, so a second run reuses finished shards), then "
-        "read one epoch with SplitDataLoader (two workers, shuffled) and check every record.",
-    )
-    demo.add_argument("--root", type=Path, default=None, help="directory of the local store")
-    demo.add_argument("--records", type=_positive, default=20_000)
-    demo.add_argument(
-        "--s3", action="store_true", help="against a SeaweedFS started for the occasion"
-    )
-    demo.set_defaults(run=demo_command)
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = _common_options(suppress=True)
+    for name, command in COMMANDS.items():
+        subparser = subparsers.add_parser(
+            name, parents=[common], help=command.HELP, description=command.DESCRIPTION
+        )
+        command.add_arguments(subparser)
+        subparser.set_defaults(run=command.run)
     return parser
-
-
-def _add_jobs(parser: argparse.ArgumentParser, default: int) -> None:
-    parser.add_argument(
-        "-j",
-        "--jobs",
-        type=_positive,
-        default=default,
-        help=f"shards handled at once (default {default})",
-    )
-
-
-def _add_allow_mixed_schemes(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--allow-mixed-schemes",
-        action="store_true",
-        help="read a trusted manifest whose shards use another scheme than the manifest "
-        "(by default an s3:// manifest may name only s3:// shards, a file:// one only file://)",
-    )
-
-
-def _add_progress(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--no-progress", dest="progress", action="store_false", help="no progress line on stderr"
-    )
-
-
-def _positive(text: str) -> int:
-    value = _integer(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = _integer(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
-    return value
-
-
-def _integer(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None

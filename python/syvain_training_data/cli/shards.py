@@ -1,10 +1,11 @@
 """Which shards of a manifest a command handles: every distinct one, or those of a split or
-curriculum stage (``--split``, ``--stage``)."""
+curriculum stage (``--split``, ``--stage``), chosen as the loader chooses them."""
 
 from __future__ import annotations
 
 from syvain_training_data.cli.context import Context
 from syvain_training_data.cli.errors import UsageError
+from syvain_training_data.loading.selection import select_shards
 from syvain_training_data.manifest import DataManifest, ManifestShard
 
 
@@ -18,19 +19,12 @@ def unique_shards(manifest: DataManifest) -> list[ManifestShard]:
 
 
 def selected_shards(ctx: Context, manifest: DataManifest) -> tuple[str, list[ManifestShard]]:
-    """(split, its shards or those of ``--stage``) from ``--split`` (default: the first)."""
+    """(split, its shards or those of ``--stage``) from ``--split`` (default: the first), as
+    :func:`~syvain_training_data.loading.selection.select_shards` selects them; an unknown split
+    or stage is a usage error with the loader's message."""
     split = ctx.args.split or next(iter(manifest.splits))
-    entry = manifest.splits.get(split)
-    if entry is None:
-        raise UsageError(f"unknown split {split!r}; available splits: {', '.join(manifest.splits)}")
-    shards = entry.shards
-    if ctx.args.stage is not None:
-        stage = entry.curriculum.get(ctx.args.stage)
-        if stage is None:
-            available = ", ".join(entry.curriculum) or "(none)"
-            raise UsageError(
-                f"unknown curriculum stage {ctx.args.stage!r} in split {split!r}; "
-                f"available stages: {available}"
-            )
-        shards = stage.shards
-    return split, list(shards)
+    try:
+        shards, _, _ = select_shards(manifest, split, ctx.args.stage)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    return split, shards

@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+import argparse
 from concurrent.futures import ThreadPoolExecutor
+from typing import Final
 
-from syvain_training_data.cli.context import Context, check_schemes, manifest_uri
+from syvain_training_data.cli.arguments import add_manifest, add_shard_options
+from syvain_training_data.cli.context import Context, check_schemes, to_uri
 from syvain_training_data.cli.errors import CommandFailed, describe
-from syvain_training_data.cli.output import Progress, emit, plural
+from syvain_training_data.cli.output import ShardProgress, emit, plural
 from syvain_training_data.cli.shards import unique_shards
 from syvain_training_data.manifest import DataManifest, DataManifestDataFormat, ManifestShard
 from syvain_training_data.shard import iter_shard
 from syvain_training_data.storage import head_object
 from syvain_training_data.uris import plain_etag, portable_etag
+
+HELP: Final = "check every shard: size and etag (HEAD); --deep reads every record"
+DESCRIPTION: Final = (
+    "HEAD every shard of a manifest and compare its size and etag with the manifest. With "
+    "--deep, also stream every shard and check its record count. Every problem is printed on "
+    "its own line; the exit status is 1 if there is any."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_manifest(parser)
+    parser.add_argument("--deep", action="store_true", help="stream every shard and count records")
+    add_shard_options(parser, jobs=8)
 
 
 def head_problem(shard: ManifestShard, ctx: Context) -> str | None:
@@ -35,7 +51,7 @@ def head_problem(shard: ManifestShard, ctx: Context) -> str | None:
 
 
 def count_records(
-    ctx: Context, data_format: DataManifestDataFormat, shard: ManifestShard, progress: Progress
+    ctx: Context, data_format: DataManifestDataFormat, shard: ManifestShard, progress: ShardProgress
 ) -> int:
     """Streams a shard through ``iter_shard`` (which checks its size and record count),
     crediting progress every 1024 records; returns the number of records."""
@@ -52,7 +68,7 @@ def count_records(
 
 
 def deep_problem(
-    ctx: Context, data_format: DataManifestDataFormat, shard: ManifestShard, progress: Progress
+    ctx: Context, data_format: DataManifestDataFormat, shard: ManifestShard, progress: ShardProgress
 ) -> str | None:
     """What reading the whole shard finds wrong (bytes, record count, format), or None."""
     try:
@@ -63,8 +79,8 @@ def deep_problem(
     return None
 
 
-def verify_command(ctx: Context) -> None:
-    uri = manifest_uri(ctx, ctx.args.manifest)
+def run(ctx: Context) -> None:
+    uri = to_uri(ctx.args.manifest)
     manifest = ctx.client.load_manifest(uri)
     shards = unique_shards(manifest)
     check_schemes(ctx, uri, shards)
@@ -76,14 +92,7 @@ def verify_command(ctx: Context) -> None:
     if ctx.args.deep:
         checked = "size, etag and records"
         healthy = [shard for shard, problem in zip(shards, found, strict=True) if not problem]
-        progress = Progress(
-            ctx.stderr,
-            label="verify",
-            total_bytes=sum(shard.size_bytes for shard in healthy),
-            total_records=sum(shard.records for shard in healthy),
-            total_shards=len(healthy),
-            enabled=ctx.args.progress,
-        )
+        progress = ShardProgress.of_shards(ctx.stderr, "verify", healthy, enabled=ctx.args.progress)
         with ThreadPoolExecutor(max_workers=ctx.args.jobs) as pool:
             deep = list(
                 pool.map(
