@@ -19,7 +19,7 @@ from syvain_training_data.manifest import (
     parse_manifest,
     read_manifest_bytes,
 )
-from syvain_training_data.storage import put_object
+from syvain_training_data.publish.upload import create_or_match
 from syvain_training_data.uris import file_path, s3_bucket_key, scheme_of
 
 HELP: Final = "copy a manifest; --with-shards copies and verifies its shards too"
@@ -75,19 +75,19 @@ def _destination(source: str, argument: str) -> str:
 def _publish_manifest(ctx: Context, uri: str, data: bytes) -> None:
     """Writes the manifest create-only; identical bytes already there are fine."""
     config = ctx.client.storage_config
-    try:
-        put_object(
-            uri, data, storage_config=config, content_type="application/json", create_only=True
-        )
-    except FileExistsError:
+
+    def holds_this_manifest() -> bool:
         try:
-            existing: bytes | bytearray | None = read_manifest_bytes(uri, storage_config=config)
+            return read_manifest_bytes(uri, storage_config=config) == data
         except ValueError:  # over the manifest size limit: not this manifest
-            existing = None
-        if existing != data:
-            raise FileExistsError(
-                f"{uri} already exists with other content; delete it or choose another destination"
-            ) from None
+            return False
+
+    def other_content() -> FileExistsError:
+        return FileExistsError(
+            f"{uri} already exists with other content; delete it or choose another destination"
+        )
+
+    if not create_or_match(uri, data, config, matches=holds_this_manifest, conflict=other_content):
         emit(ctx.stdout, f"{uri} already holds this manifest")
 
 

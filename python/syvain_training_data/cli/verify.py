@@ -12,9 +12,8 @@ from syvain_training_data.cli.errors import CommandFailed, describe
 from syvain_training_data.cli.output import ShardProgress, emit, plural
 from syvain_training_data.cli.shards import unique_shards
 from syvain_training_data.manifest import DataManifest, DataManifestDataFormat, ManifestShard
+from syvain_training_data.object_check import check_head
 from syvain_training_data.shard import iter_shard
-from syvain_training_data.storage import head_object
-from syvain_training_data.uris import plain_etag, portable_etag
 
 HELP: Final = "check every shard: size and etag (HEAD); --deep reads every record"
 DESCRIPTION: Final = (
@@ -32,22 +31,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def head_problem(shard: ManifestShard, ctx: Context) -> str | None:
     """What HEAD finds wrong with a shard (missing, size, etag), or None."""
+    config = ctx.client.storage_config
     try:
-        info = head_object(shard.uri, storage_config=ctx.client.storage_config)
+        check = check_head(shard.uri, config, size=shard.size_bytes, etag=shard.etag)
     except FileNotFoundError:
         return f"{shard.uri}: missing (the store has no such object)"
-    if info.size != shard.size_bytes:
+    mismatch = check.mismatch
+    if mismatch is None:
+        return None
+    if mismatch.field == "size":
         return (
-            f"{shard.uri}: size mismatch: {info.size:,} bytes in the store, "
-            f"{shard.size_bytes:,} in the manifest"
+            f"{shard.uri}: size mismatch: {mismatch.found:,} bytes in the store, "
+            f"{mismatch.expected:,} in the manifest"
         )
-    etag = portable_etag(shard.uri, shard.etag)
-    if etag and info.etag and plain_etag(etag) != plain_etag(info.etag):
-        return (
-            f"{shard.uri}: etag mismatch: {info.etag!r} in the store, {shard.etag!r} in the "
-            "manifest (the object was replaced)"
-        )
-    return None
+    return (
+        f"{shard.uri}: etag mismatch: {mismatch.found!r} in the store, {shard.etag!r} in the "
+        "manifest (the object was replaced)"
+    )
 
 
 def count_records(
