@@ -1,14 +1,10 @@
-"""Memory bombs (issue 13): shards whose few compressed bytes decompress to 1 GiB or more fail
+"""Memory bombs: shards whose few compressed bytes decompress to 1 GiB or more fail
 (or read) with peak RSS growth under 64 MiB, measured in a fresh interpreter reading a real
 local file through `iter_shard`."""
 
 from __future__ import annotations
 
-import json
 import struct
-import subprocess
-import sys
-import textwrap
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +12,8 @@ from pathlib import Path
 import pytest
 import zstandard
 
+from memory import run_child
+from reference_codecs import zstd_raw_frame_declaring
 from syvain_training_data import ManifestShard
 
 MIB = 1 << 20
@@ -40,14 +38,6 @@ def zstf_record(pieces: Iterator[bytes], content_size: int | None) -> bytes:
     return struct.pack(">Q", len(frame)) + frame
 
 
-def frame_declaring(content_size: int, block: bytes) -> bytes:
-    """A record whose frame header declares `content_size` around one raw block."""
-    header = b"\x28\xb5\x2f\xfd" + b"\xe0" + struct.pack("<Q", content_size)
-    block_header = (1 | (len(block) << 3)).to_bytes(3, "little")  # last block, raw
-    body = header + block_header + block
-    return struct.pack(">Q", len(body)) + body
-
-
 def deep_payload(arrays: int) -> Iterator[bytes]:
     """{"k": [[[...]]]}: the root map and `arrays` nested arrays (nil innermost)."""
     yield b"\x81\xa1k"
@@ -63,16 +53,8 @@ def gzip_pieces(pieces: Iterator[bytes]) -> bytes:
 def read_in_child(path: Path, data_format: str, records: int) -> dict:
     """Reads the shard at `path` in a new interpreter; returns its outcome and RSS growth."""
     shard = ManifestShard(uri=path.as_uri(), records=records, size_bytes=path.stat().st_size)
-    script = textwrap.dedent(
+    return run_child(
         f"""
-        import json
-
-        def peak_rss_kib():  # VmHWM belongs to this process image (ru_maxrss survives exec)
-            with open("/proc/self/status") as status:
-                for line in status:
-                    if line.startswith("VmHWM:"):
-                        return int(line.split()[1])
-
         from syvain_training_data import ManifestShard
         from syvain_training_data.shard import iter_shard
         shard = ManifestShard.model_validate_json({shard.model_dump_json()!r})
@@ -88,11 +70,6 @@ def read_in_child(path: Path, data_format: str, records: int) -> dict:
         print(json.dumps({{"records": count, "outcome": outcome, "growth_kib": growth}}))
         """
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout)
 
 
 def unreadable(data_format: str, path: Path, reason: str) -> str:
@@ -109,7 +86,7 @@ def test_msgpack_bombs_fail_in_bounded_memory(tmp_path):
         ),
         "deep, size not declared": (zstf_record(deep_payload(arrays), None), "nesting too deep"),
         # A header declaring more than 1 GiB: refused before decompressing.
-        "declared over 1 GiB": (frame_declaring(GIB + 1, b"\x80"), "payload too large"),
+        "declared over 1 GiB": (zstd_raw_frame_declaring(GIB + 1, b"\x80"), "payload too large"),
         # No size declared, decompressing to 1.5 GiB of zeros.
         "undeclared past 1 GiB": (
             zstf_record(repeated(b"\x00", GIB + GIB // 2), None),
@@ -153,28 +130,15 @@ def test_jsonl_range_skipping_1_gib_is_bounded(tmp_path):
     path = tmp_path / "skip.jsonl.gz"
     path.write_bytes(gzip_pieces(pieces))
     shard = ManifestShard(uri=path.as_uri(), records=records, size_bytes=path.stat().st_size)
-    script = textwrap.dedent(
+    out = run_child(
         f"""
-        import json
         from syvain_training_data import ManifestShard
         from syvain_training_data.shard import iter_shard
-
-        def peak_rss_kib():
-            with open("/proc/self/status") as status:
-                for line in status:
-                    if line.startswith("VmHWM:"):
-                        return int(line.split()[1])
-
         shard = ManifestShard.model_validate_json({shard.model_dump_json()!r})
         before = peak_rss_kib()
         got = list(iter_shard("jsonl.gz", shard, start={records - 1}))
         print(json.dumps({{"got": got, "growth_kib": peak_rss_kib() - before}}))
         """
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout)
     assert out["got"] == [{"last": 1}]
     assert out["growth_kib"] < BOUND_KIB, out

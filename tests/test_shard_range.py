@@ -8,33 +8,21 @@ import gzip
 import io
 import logging
 import struct
-from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
 import pytest
 import zstandard
 
-from syvain_training_data import ManifestShard, _native, storage
+from native_codec import URI, encode, unreadable
+from shards import NATIVE_FORMATS, publish, small_records
+from syvain_training_data import _native
 from syvain_training_data.shard import iter_shard
 from syvain_training_data.storage import StorageConfig
 
-URI = "s3://bucket/shards/part-0"
-NATIVE_FORMATS = ["msgpack.zstf", "jsonl.gz"]
 COUNT = 40
 # (start, stop): from the start / the middle / the end, to the middle / the end, and empty.
 RANGES = [(0, 20), (0, COUNT), (13, 20), (13, COUNT), (COUNT, COUNT), (7, 7), (0, 0), (39, 40)]
-
-
-def encode(data_format: str, records: Iterable[Mapping[str, Any]]) -> bytes:
-    encoder = _native.ShardEncoder(data_format)
-    return encoder.encode(list(records)) + encoder.finish()
-
-
-def records(count: int = COUNT) -> list[dict[str, Any]]:
-    return [
-        {"i": i, "text": f"record {i} " * (i % 5), "list": list(range(i % 7))} for i in range(count)
-    ]
 
 
 def read(
@@ -61,10 +49,6 @@ def read_error(data_format: str, data: bytes, declared: int, start: int, stop: i
     return str(info.value)
 
 
-def unreadable(data_format: str, reason: str) -> str:
-    return f"Unreadable {data_format} shard {URI}: {reason}"
-
-
 def zstd_record(payload: bytes) -> bytes:
     frame = zstandard.ZstdCompressor(level=3).compress(payload)
     return struct.pack(">Q", len(frame)) + frame
@@ -74,7 +58,7 @@ def zstd_record(payload: bytes) -> bytes:
 @pytest.mark.parametrize(("start", "stop"), RANGES)
 @pytest.mark.parametrize("chunk_size", [None, 3, 1000])
 def test_range_yields_exactly_its_records(data_format, start, stop, chunk_size):
-    expected = records()
+    expected = small_records(COUNT)
     data = encode(data_format, expected)
     got = read(data_format, data, COUNT, start, stop, chunk_size)
     assert got == expected[start:stop]
@@ -82,14 +66,14 @@ def test_range_yields_exactly_its_records(data_format, start, stop, chunk_size):
 
 @pytest.mark.parametrize("data_format", NATIVE_FORMATS)
 def test_stop_defaults_to_the_declared_count(data_format):
-    expected = records()
+    expected = small_records(COUNT)
     assert read(data_format, encode(data_format, expected), COUNT, 25) == expected[25:]
 
 
 @pytest.mark.parametrize("data_format", NATIVE_FORMATS)
 @pytest.mark.parametrize(("start", "stop"), [(-1, 3), (5, 4), (0, COUNT + 1), (COUNT + 1, None)])
 def test_invalid_ranges_are_value_errors(data_format, start, stop):
-    data = encode(data_format, records())
+    data = encode(data_format, small_records(COUNT))
     with pytest.raises(ValueError, match="Invalid record range"):
         _native.shard_reader_from_bytes(data_format, URI, data, COUNT, start=start, stop=stop)
 
@@ -141,24 +125,24 @@ def test_corrupt_length_headers_in_the_skipped_part_are_errors():
 
 @pytest.mark.parametrize("data_format", NATIVE_FORMATS)
 def test_shard_ending_before_stop_is_the_count_error(data_format):
-    data = encode(data_format, records(10))
+    data = encode(data_format, small_records(10))
     for start, stop in ((3, 12), (11, 12), (0, 15), (12, 15)):
         assert read_error(data_format, data, 15, start, stop) == unreadable(
             data_format, "declared 15 records but yielded 10"
         )
     # The shard holds at least `stop` records: enough for a range ending before its end.
-    assert read(data_format, data, 15, 3, 10) == records(10)[3:10]
+    assert read(data_format, data, 15, 3, 10) == small_records(10)[3:10]
 
 
 @pytest.mark.parametrize("data_format", NATIVE_FORMATS)
 def test_end_checks_apply_only_when_the_range_reaches_the_end(data_format):
-    data = encode(data_format, records(10))
+    data = encode(data_format, small_records(10))
     assert read_error(data_format, data, 9, 4, None) == unreadable(
         data_format, "declared 9 records but found more"
     )
-    assert read(data_format, data, 12, 4, 9) == records(10)[4:9]
+    assert read(data_format, data, 12, 4, 9) == small_records(10)[4:9]
     garbage = data + b"junk"
-    assert read(data_format, garbage, 10, 2, 9) == records(10)[2:9]
+    assert read(data_format, garbage, 10, 2, 9) == small_records(10)[2:9]
     with pytest.raises(RuntimeError, match=f"Unreadable {data_format} shard"):
         read(data_format, garbage, 10, 2, 10)
 
@@ -166,28 +150,10 @@ def test_end_checks_apply_only_when_the_range_reaches_the_end(data_format):
 # Through a real store: SeaweedFS and the local directory store.
 
 
-@pytest.fixture(params=["s3", "file"])
-def store(request, seaweed, s3_bucket, unique_prefix, tmp_path) -> tuple[str, StorageConfig]:
-    if request.param == "s3":
-        config = StorageConfig.create(
-            s3_base_url=seaweed.endpoint,
-            region=seaweed.region,
-            access_key_id=seaweed.access_key_id,
-            secret_access_key=seaweed.secret_access_key,
-        )
-        return f"s3://{s3_bucket}/{unique_prefix}", config
-    return f"file://{tmp_path}", StorageConfig()
-
-
-def publish(uri: str, data: bytes, config: StorageConfig, count: int) -> ManifestShard:
-    info = storage.put_object(uri, data, storage_config=config)
-    return ManifestShard(uri=uri, records=count, size_bytes=info.size, etag=info.etag)
-
-
 @pytest.mark.parametrize("data_format", NATIVE_FORMATS)
-def test_iter_shard_ranges_through_the_store(store, data_format):
-    root, config = store
-    expected = records(3000)
+def test_iter_shard_ranges_through_the_store(store_root, data_format):
+    root, config = store_root
+    expected = small_records(3000)
     shard = publish(f"{root}/part.{data_format}", encode(data_format, expected), config, 3000)
     for start, stop in ((0, 1000), (1500, None), (2999, 3000), (3000, None), (100, 100)):
         got = list(iter_shard(data_format, shard, storage_config=config, start=start, stop=stop))
@@ -197,11 +163,11 @@ def test_iter_shard_ranges_through_the_store(store, data_format):
 
 
 @pytest.mark.parametrize("data_format", NATIVE_FORMATS)
-def test_iter_shard_range_on_a_truncated_shard(store, data_format):
-    root, config = store
-    data = encode(data_format, records(50))
+def test_iter_shard_range_on_a_truncated_shard(store_root, data_format):
+    root, config = store_root
+    data = encode(data_format, small_records(50))
     shard = publish(f"{root}/short.{data_format}", data, config, 80)
-    assert list(iter_shard(data_format, shard, storage_config=config, stop=50)) == records(50)
+    assert list(iter_shard(data_format, shard, storage_config=config, stop=50)) == small_records(50)
     with pytest.raises(RuntimeError, match="declared 80 records but yielded 50"):
         list(iter_shard(data_format, shard, storage_config=config, start=40, stop=60))
 

@@ -16,10 +16,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from native_codec import encode
+from shards import small_records
 from syvain_training_data import _native, storage
 from syvain_training_data._native import StreamCounters
 from syvain_training_data.storage import StorageConfig, native_storage
-from test_shard_range import encode, records
 
 ZSTF = "msgpack.zstf"
 COUNT = 300
@@ -37,27 +38,11 @@ def record_offsets(data: bytes) -> list[int]:
     return [*offsets, position]
 
 
-@pytest.fixture(params=["s3", "file"])
-def store(request, tmp_path) -> tuple[str, StorageConfig]:
-    if request.param == "s3":
-        seaweed = request.getfixturevalue("seaweed")
-        bucket = request.getfixturevalue("s3_bucket")
-        prefix = request.getfixturevalue("unique_prefix")
-        config = StorageConfig.create(
-            s3_base_url=seaweed.endpoint,
-            region=seaweed.region,
-            access_key_id=seaweed.access_key_id,
-            secret_access_key=seaweed.secret_access_key,
-        )
-        return f"s3://{bucket}/{prefix}", config
-    return f"file://{tmp_path}", StorageConfig()
-
-
 @pytest.fixture
-def zstf_shard(store) -> tuple[str, StorageConfig, bytes, list[int], int]:
+def zstf_shard(store_root) -> tuple[str, StorageConfig, bytes, list[int], int]:
     """(uri, config, data, record offsets and then the size, size) of a published shard."""
-    root, config = store
-    data = encode(ZSTF, records(COUNT))
+    root, config = store_root
+    data = encode(ZSTF, small_records(COUNT))
     uri = f"{root}/part.{ZSTF}"
     info = storage.put_object(uri, data, storage_config=config)
     assert info.size == len(data)
@@ -97,7 +82,7 @@ SEGMENTS = [(0, 50), (37, 121), (250, COUNT), (99, 100), (0, COUNT)]
 @pytest.mark.parametrize(("first", "end"), SEGMENTS)
 def test_a_segment_yields_exactly_its_records(zstf_shard, first, end):
     uri, config, _data, offsets, size = zstf_shard
-    expected = records(COUNT)[first:end]
+    expected = small_records(COUNT)[first:end]
     segment = (offsets[first], offsets[end])
     counters = StreamCounters()
     with counters:
@@ -111,7 +96,7 @@ def test_a_segment_yields_exactly_its_records(zstf_shard, first, end):
 def test_record_ranges_inside_a_segment(zstf_shard):
     uri, config, _data, offsets, size = zstf_shard
     first, end = 40, 140
-    expected = records(COUNT)[first:end]
+    expected = small_records(COUNT)[first:end]
     segment = (offsets[first], offsets[end])
     for start, stop in ((0, 10), (10, 60), (99, 100), (50, None), (100, None), (5, 5)):
         got = read_segment(uri, config, size, segment, end - first, start, stop)
@@ -159,7 +144,7 @@ def test_a_segment_with_the_wrong_record_count(zstf_shard):
     ):
         read_segment(uri, config, size, segment, 9)
     # A partial range that ends before the segment's end is not checked against the count.
-    assert read_segment(uri, config, size, segment, 11, 0, 5) == records(COUNT)[20:25]
+    assert read_segment(uri, config, size, segment, 11, 0, 5) == small_records(COUNT)[20:25]
 
 
 def test_the_object_size_is_still_checked(zstf_shard):
@@ -187,9 +172,9 @@ def test_a_bad_segment_is_a_value_error(zstf_shard, segment):
         )
 
 
-def test_a_jsonl_gz_segment_of_whole_gzip_members(store):
-    root, config = store
-    expected = records(60)
+def test_a_jsonl_gz_segment_of_whole_gzip_members(store_root):
+    root, config = store_root
+    expected = small_records(60)
     first, second = encode("jsonl.gz", expected[:25]), encode("jsonl.gz", expected[25:])
     uri = f"{root}/part.jsonl.gz"
     size = storage.put_object(uri, first + second, storage_config=config).size
@@ -211,17 +196,17 @@ BIG_RECORDS = 10_000
 BIG_RECORD_BYTES = 2_000
 
 
-def big_records(COUNT) -> list[dict[str, Any]]:
+def big_records() -> list[dict[str, Any]]:
     return [
         {"i": i, "blob": random.Random(i).randbytes(BIG_RECORD_BYTES)} for i in range(BIG_RECORDS)
     ]
 
 
 @pytest.fixture
-def big_shard(store) -> tuple[str, StorageConfig, int]:
+def big_shard(store_root) -> tuple[str, StorageConfig, int]:
     """(uri, config, size) of a published msgpack.zstf shard of about 20 MB."""
-    root, config = store
-    data = encode(ZSTF, big_records(COUNT))
+    root, config = store_root
+    data = encode(ZSTF, big_records())
     assert len(data) > 20_000_000
     uri = f"{root}/big.{ZSTF}"
     assert storage.put_object(uri, data, storage_config=config).size == len(data)
@@ -245,7 +230,7 @@ def wait_until(condition: Callable[[], bool], seconds: float = 5.0) -> bool:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="needs /proc/self/io")
-@pytest.mark.parametrize("store", ["file"], indirect=True)
+@pytest.mark.parametrize("store_root", ["file"], indirect=True)
 def test_readahead_bounds_a_local_shard_read(big_shard):
     # StreamCounters count the bytes handed to the decoder, not those buffered ahead of it, so
     # the bytes read from the file are what shows the readahead.
@@ -289,7 +274,7 @@ def test_a_bounded_shard_read_yields_every_record(big_shard):
     # Chunks larger than the bound (a local file's pieces, an S3 body's) pass in pieces.
     uri, config, size = big_shard
     client = native_storage(config)
-    expected = big_records(COUNT)
+    expected = big_records()
     counters = StreamCounters()
     with counters:
         reader = client.open_shard(
@@ -334,7 +319,7 @@ def test_a_readahead_out_of_range_is_a_value_error(zstf_shard, readahead_bytes):
         got: list[dict[str, Any]] = []
         while batch := reader.next_batch(COUNT):
             got.extend(batch)
-        assert got == records(COUNT)
+        assert got == small_records(COUNT)
 
 
 # interleave: a seeded order of labelled blocks.

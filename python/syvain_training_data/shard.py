@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any, Protocol
 
+from syvain_training_data.formats import check_data_format
 from syvain_training_data.formats.shard_index import Segment, ShardIndex
-from syvain_training_data.manifest import DATA_FORMATS, DataManifestDataFormat, ManifestShard
+from syvain_training_data.manifest import DataManifestDataFormat, ManifestShard
 from syvain_training_data.storage import StorageConfig, native_storage
 
 __all__ = ["ArrowRecordBatch", "iter_shard", "iter_shard_batches"]
 
-NATIVE_FORMATS = ("msgpack.zstf", "jsonl.gz")
 BATCH_RECORDS = 1024
 #: Default rows per batch of `iter_shard_batches`.
 BATCH_ROWS = 8192
@@ -35,13 +35,6 @@ class ArrowRecordBatch(Protocol):
     def __arrow_c_array__(
         self, requested_schema: object | None = None
     ) -> tuple[object, object]: ...
-
-
-def _check_format(data_format: str) -> None:
-    if data_format not in DATA_FORMATS:
-        raise ValueError(
-            f"Unknown data format {data_format!r}; expected one of {', '.join(DATA_FORMATS)}"
-        )
 
 
 def iter_shard(
@@ -82,7 +75,7 @@ def iter_shard(
     PermissionError, ObjectChangedError and StorageRetryExhaustedError from the store;
     ValueError for an unknown format or an invalid range.
     """
-    _check_format(data_format)
+    check_data_format(data_format)
     if data_format == "parquet":
         from syvain_training_data.formats.parquet import iter_parquet_shard
 
@@ -187,7 +180,7 @@ def iter_shard_batches(
     Like `iter_shard`, nothing is opened before the first batch is asked for, and ``close()``
     stops the stream of a shard not read to its end.
     """
-    _check_format(data_format)
+    check_data_format(data_format)
     if type(batch_size) is not int or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
     if isinstance(columns, str):

@@ -52,8 +52,9 @@ MIN_STRIDE_BYTES: Final = 256
 MAX_STRIDE_BYTES: Final = 2048
 # A block (the unit the seeded order permutes) spans about this many shard bytes: one ranged
 # GET each (and one for its index entries), about 250 of each per GB. Smaller blocks mix no
-# better (a batch draws from a window's 64 blocks whatever their size) and cost requests:
-# 1 MiB blocks loaded at 0.78x the unseeded rate over SeaweedFS with 2 workers, 4 MiB at 0.92x.
+# better (a batch draws from a window's 64 blocks whatever their size) and cost requests: over
+# SeaweedFS, 4 MiB blocks load much closer to the unseeded rate than 1 MiB ones
+# (benchmarks/shuffle.py, seeded over unseeded).
 BLOCK_BYTES: Final = 4 * 1024 * 1024
 # Blocks per shard at most (a 256 GiB shard has this many of 4 MiB).
 MAX_SHARD_BLOCKS: Final = 1 << 16

@@ -48,8 +48,8 @@ def values_per_row(metadata: Any) -> int:
     Read from the footer's Thrift bytes, not through pyarrow's column chunk metadata: pyarrow
     validates a column chunk's metadata when Python first asks for it, outside any C++
     exception handler, so a hostile footer (e.g. a level histogram of the wrong size) aborts
-    the process there (pyarrow 26; found by tests/test_parquet_mutations.py). ValueError for a
-    footer that does not parse."""
+    the process there (pyarrow 26; found by tests/formats/test_parquet_mutations.py).
+    ValueError for a footer that does not parse."""
     import pyarrow as pa
 
     sink = pa.BufferOutputStream()
@@ -123,6 +123,13 @@ class _Thrift:
             raise ValueError("Parquet footer list longer than the footer")
         return size, header & 0x0F
 
+    def struct_list(self, what: str) -> int:
+        """The length of a list of structs; ValueError naming ``what`` for a list of others."""
+        size, element = self.list_header()
+        if element != _STRUCT:
+            raise ValueError(f"Parquet footer {what} are not structs")
+        return size
+
     def skip(self, kind: int, depth: int = 0) -> None:
         if depth > _MAX_DEPTH:
             raise ValueError("Parquet footer nested too deep")
@@ -167,10 +174,7 @@ def _declared_values(footer: bytes) -> list[tuple[int, list[int]]]:
     groups: list[tuple[int, list[int]]] = []
     for field, kind in reader.fields():
         if field == 4 and kind == _LIST:  # row_groups: list<RowGroup>
-            size, element = reader.list_header()
-            if element != _STRUCT:
-                raise ValueError("Parquet footer row groups are not structs")
-            for _ in range(size):
+            for _ in range(reader.struct_list("row groups")):
                 groups.append(_row_group(reader))
         else:
             reader.skip(kind)
@@ -181,10 +185,7 @@ def _row_group(reader: _Thrift) -> tuple[int, list[int]]:
     rows, values = 0, []
     for field, kind in reader.fields():
         if field == 1 and kind == _LIST:  # columns: list<ColumnChunk>
-            size, element = reader.list_header()
-            if element != _STRUCT:
-                raise ValueError("Parquet footer column chunks are not structs")
-            for _ in range(size):
+            for _ in range(reader.struct_list("column chunks")):
                 values.append(_column_chunk(reader))
         elif field == 3 and kind == _I64:  # num_rows
             rows = reader.integer()

@@ -1,5 +1,5 @@
-"""load(columns=): one long record cannot multiply a batch's memory by the batch size
-(issue 27, item 4): ``max_length`` cuts or refuses long rows, and a padded batch is bounded."""
+"""load(columns=): one long record cannot multiply a batch's memory by the batch size:
+``max_length`` cuts or refuses long rows, and a padded batch is bounded."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Mutated Parquet shards through ``iter_shard("parquet", ...)``: a property test over small
 files with bytes overwritten, inserted or cut, and declared counts and ranges that may not
-fit. The reader (formats/parquet.py, pyarrow underneath) must give either the rows pyarrow
+fit. The reader (formats/parquet/, pyarrow underneath) must give either the rows pyarrow
 itself reads from those bytes, exactly ``stop - start`` of them, or a RuntimeError (its
 ShardDataError naming the shard): never another exception, a crash or unbounded memory.
 
@@ -17,8 +17,6 @@ import json
 import math
 import os
 import resource
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from memory import run_child
 from syvain_training_data import ManifestShard
 from syvain_training_data.formats.parquet import write_parquet_shard
 from syvain_training_data.shard import iter_shard
@@ -73,7 +72,7 @@ BASES = base_shards()
 def histogram_abort() -> tuple[bytes, int, int, int | None]:
     """The mutation this test found first: pyarrow 26 aborted the process (an uncaught
     ParquetException, "Definition level histogram size mismatch") when the reader asked
-    for a column chunk's metadata (parquet_bounds.values_per_row). Six bytes cut, two set."""
+    for a column chunk's metadata (bounds.values_per_row). Six bytes cut, two set."""
     data = bytearray(BASES[1][0])
     del data[171:177]
     data[869], data[1541] = 194, 63
@@ -165,29 +164,20 @@ def read_cleanly(directory: Path) -> None:
     check()
 
 
-# The child's peak is its VmHWM, not ru_maxrss: Linux keeps ru_maxrss across exec, so it
-# would show the (large) test process's own peak.
-CHILD = """
-import sys
-from pathlib import Path
-sys.path.insert(0, sys.argv[1])
-import test_parquet_mutations as t
-t.read_cleanly(Path(sys.argv[2]))
-hwm = next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:"))
-print(int(hwm) * 1024)
-"""
-
-
 def test_mutated_parquet_shards_give_their_rows_or_a_shard_error(tmp_path):
-    child = subprocess.run(
-        [sys.executable, "-c", CHILD, str(Path(__file__).parent), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=1200,  # a hang guard only
+    here = Path(__file__).resolve().parent
+    peak = run_child(
+        f"""
+        import sys
+        from pathlib import Path
+        sys.path[:0] = [{str(here)!r}, {str(here.parent)!r}]
+        import test_parquet_mutations as t
+        t.read_cleanly(Path({str(tmp_path)!r}))
+        print(json.dumps(peak_rss_kib() * 1024))
+        """,
         env=dict(os.environ, PYTHONFAULTHANDLER="1"),
+        timeout=1200,  # a hang guard only
     )
-    assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-8000:]
-    peak = int(child.stdout.split()[-1])
     print(f"{EXAMPLES} mutated shards, child peak RSS {peak / 2**20:.0f} MiB")
     assert peak < MAX_RSS_BYTES
 
