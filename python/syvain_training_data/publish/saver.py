@@ -55,9 +55,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 from syvain_training_data.errors import PublicationConflictError
+from syvain_training_data.formats import check_data_format
 from syvain_training_data.formats.shard_index import INDEX_SUFFIX, FrameOffsets
 from syvain_training_data.manifest import (
-    DATA_FORMATS,
     DataManifest,
     DataManifestDataFormat,
     ManifestShard,
@@ -109,10 +109,7 @@ class DatasetSaver:
     ) -> None:
         if not isinstance(manifest_uri, str) or manifest_uri.endswith("/"):
             raise ValueError(f"manifest_uri must be an object key, not a prefix: {manifest_uri!r}")
-        if data_format not in DATA_FORMATS:
-            raise ValueError(
-                f"Unknown data format {data_format!r}; expected one of {', '.join(DATA_FORMATS)}"
-            )
+        check_data_format(data_format)
         manifest_key(manifest_uri)  # a URI of another kind fails now
         self.manifest_uri = manifest_uri
         self.data_format: DataManifestDataFormat = data_format
