@@ -2,16 +2,16 @@
 
 batch_size 32, collate to a list, 0 and 2 workers (fork), from the local directory store and
 from SeaweedFS; then, when they are importable, the same records through mosaicml-streaming
-(MDS) and litdata StreamingDataset from local disk with 2 workers (the issue's comparison) and
-with 0 (the readers alone, without torch's worker IPC). Prints one JSON line per case and a
-summary with the ratios (2 workers / 0 workers; ours / each peer at the same worker count).
-Best of --repeat epochs.
+(MDS) and litdata StreamingDataset from local disk with 2 workers and with 0 (the readers
+alone, without torch's worker IPC). Prints one JSON line per case and a summary with the
+ratios (2 workers / 0 workers; ours / each peer at the same worker count). Best of --repeat
+epochs.
 
 Each line also gives the CPU seconds the epoch cost in the main process and in the worker
 processes: with workers, torch's DataLoader pickles every batch in a worker and unpickles it in
 the main process, which is where a 2-core machine loses the gain of a second worker.
 
-Also (issue 14): the same epochs through the shard-split loader this one replaced (its
+Also: the same epochs through the shard-split loader this one replaced (its
 ``loader.py`` taken from git, --baseline-rev), time to the first batch, the checkpoint's size,
 and the storage bytes fetched per epoch over the dataset's bytes at 16 consumers over 16
 shards, counted by a TCP relay in front of SeaweedFS, for each format, unshuffled and seeded.

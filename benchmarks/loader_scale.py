@@ -1,4 +1,4 @@
-"""The loader's plan at cluster scale, by simulation (issue 14). Prints one JSON line per case.
+"""The loader's plan at cluster scale, by simulation. Prints one JSON line per case.
 
 1. plan: a manifest of 1,000,000 shards of 10,000 records (10^10 records), 2,048 ranks x 8
    workers, seeded: the time and peak memory (tracemalloc) for one consumer to compute its part

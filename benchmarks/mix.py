@@ -1,11 +1,11 @@
-"""Mixing benchmark (issue 25): how many sources a seeded batch mixes, beside a uniform
+"""Mixing benchmark: how many sources a seeded batch mixes, beside a uniform
 permutation of the same records.
 
 1. **Loaded** (I/O): 64 sources x 500 records written one shard per source (msgpack.zstf, with
    its index, and jsonl.gz) to a local directory store, read with ``load("train", seed=0)`` at
    batch 32 with 0 and 2 workers; per batch, the distinct sources and the largest source's
    share, averaged over the epoch; the bytes fetched over the shards' bytes, and range reads.
-2. **Planned** (no I/O): the cluster case of the issue, 10,000 shards x 5,000 records (of 2 KiB,
+2. **Planned** (no I/O): a cluster case, 10,000 shards x 5,000 records (of 2 KiB,
    indexed: blocks of 2,048 records), 64 ranks x 8 workers, 8 records per device batch, computed
    from the plan alone
    (``loading.plan.run_layout`` and the stream order's segments): distinct shards per device

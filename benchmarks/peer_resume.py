@@ -1,4 +1,4 @@
-"""What the peer loaders do when a run resumes mid-epoch on another world size (issue 14).
+"""What the peer loaders do when a run resumes mid-epoch on another world size.
 
 A run checkpoints after each rank has taken 10 batches on world size 2, then resumes from that
 checkpoint on world size 3 (and, as a control, on world size 2 again) and reads to the end of the

@@ -29,7 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from representation_fixture import PublicationBuilder  # noqa: E402
-from seaweed import start_seaweed  # noqa: E402
+from seaweed import config_for, start_seaweed  # noqa: E402
 from syvain_training_data import _native, storage  # noqa: E402
 from syvain_training_data.representation import iter_representation_examples  # noqa: E402
 from syvain_training_data.storage import StorageConfig  # noqa: E402
@@ -89,12 +89,7 @@ def main() -> None:
     if 2 * args.blocks_per_task < args.per_source:
         parser.error("two tasks per source must hold --per-source blocks")
     with start_seaweed(("syvain-data",)) as server:
-        config = StorageConfig.create(
-            s3_base_url=server.endpoint,
-            region=server.region,
-            access_key_id=server.access_key_id,
-            secret_access_key=server.secret_access_key,
-        )
+        config = config_for(server)
         builder = PublicationBuilder(
             sources=SOURCES,
             blocks_per_task={"basis_fit": 2, "analysis": args.blocks_per_task, "validation": 2},

@@ -7,7 +7,7 @@ measured in the same run. Prints one JSON line per case.
 Each figure is the best of --repeat rounds (default 3) that time the floor and every case in turn.
 Cases: one process saving shard after shard; two processes; one process saving from two threads
 (`save` is thread-safe, and a second thread encodes the next shard while the first uploads).
-Targets (issue 4): one process >= 0.7 of the encode floor; two processes >= 1.6 x one.
+Targets: one process >= 0.7 of the encode floor; two processes >= 1.6 x one.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from seaweed import start_seaweed  # noqa: E402
+from seaweed import config_for, start_seaweed  # noqa: E402
 from syvain_training_data import DatasetSaver  # noqa: E402
 from syvain_training_data.storage import StorageConfig  # noqa: E402
 
@@ -160,12 +160,7 @@ def main() -> None:
     args = parser.parse_args()
     records = make_records(args.records)
     with start_seaweed(("bench",)) as server:
-        config = StorageConfig.create(
-            s3_base_url=server.endpoint,
-            region=server.region,
-            access_key_id=server.access_key_id,
-            secret_access_key=server.secret_access_key,
-        )
+        config = config_for(server)
         warm_up(config, records)
         for data_format in args.formats.split(","):
             if data_format == "parquet":

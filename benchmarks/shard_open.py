@@ -1,4 +1,4 @@
-"""Shard opens (issue 16): time to the first record of a small shard against a plain read of the
+"""Shard opens: time to the first record of a small shard against a plain read of the
 same object, on SeaweedFS (whole GET through our own `get_object`) and on the local store (a
 plain file read). 16 shards of 300 text records (~350 KB each); medians of the opens, in turns.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from seaweed import start_seaweed  # noqa: E402
+from seaweed import start_seaweed, storage_options  # noqa: E402
 from syvain_training_data import SyvainTrainingData, iter_shard  # noqa: E402
 from syvain_training_data.storage import get_object  # noqa: E402
 
@@ -55,12 +55,7 @@ def measure(client: SyvainTrainingData, manifest_uri: str, plain) -> dict[str, f
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as root, start_seaweed(buckets=("bench",)) as server:
-        s3 = SyvainTrainingData(
-            s3_base_url=server.endpoint,
-            region=server.region,
-            access_key_id=server.access_key_id,
-            secret_access_key=server.secret_access_key,
-        )
+        s3 = SyvainTrainingData(**storage_options(server))
         local = SyvainTrainingData()
         cases = (
             ("seaweedfs", s3, "s3://bench/open/data-manifest.json"),

@@ -1,4 +1,4 @@
-"""Seeded loading (SPEC section 6, v3) against unseeded, on the same bytes in one run (issue 25).
+"""Seeded loading (SPEC section 6, v3) against unseeded, on the same bytes in one run.
 
 1. **Speed**: 16 msgpack.zstf shards of text records (the records of `benchmarks/loader.py`),
    from the local directory store and from SeaweedFS, at 0 and 2 workers (fork): records/s
@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from seaweed import start_seaweed  # noqa: E402
+from seaweed import start_seaweed, storage_options  # noqa: E402
 from syvain_training_data import SyvainTrainingData  # noqa: E402
 
 WORDS = [f"w{i}" for i in range(2000)] + ["the", "of", "and", "data", "model", "training"]
@@ -137,12 +137,7 @@ def main() -> None:
     options = parser.parse_args()
     shards = [text_records(options.records_per_shard, seed) for seed in range(SHARDS)]
     with tempfile.TemporaryDirectory() as root, start_seaweed(buckets=("bench",)) as server:
-        s3 = SyvainTrainingData(
-            s3_base_url=server.endpoint,
-            region=server.region,
-            access_key_id=server.access_key_id,
-            secret_access_key=server.secret_access_key,
-        )
+        s3 = SyvainTrainingData(**storage_options(server))
         stores = (
             ("local", SyvainTrainingData(), f"file://{root}/data/data-manifest.json"),
             ("seaweedfs", s3, "s3://bench/data/data-manifest.json"),

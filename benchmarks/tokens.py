@@ -1,4 +1,4 @@
-"""Tokens per second into int tensors (issue 16), one run, the same bytes for every path:
+"""Tokens per second into int tensors, one run, the same bytes for every path:
 
 (a) dicts: `iter_shard` records, then `torch.tensor` over each batch's token ids (a collate);
 (b) columnar: `iter_shard_batches(columns=["tokens"])`, each batch's values to a tensor without

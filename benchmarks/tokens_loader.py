@@ -1,4 +1,4 @@
-"""Token loading benchmark (issue 16): tokens per second into int tensors, in one run on the
+"""Token loading benchmark: tokens per second into int tensors, in one run on the
 same records.
 
 Records are documents of token ids (lists of ints, 256 to 2048 long) in msgpack.zstf shards on

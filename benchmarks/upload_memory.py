@@ -13,17 +13,19 @@ Run: .venv/bin/python benchmarks/upload_memory.py --gib 5  (build with `maturin 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from seaweed import start_seaweed  # noqa: E402
+from seaweed import config_for, start_seaweed  # noqa: E402
 from syvain_training_data import _native, storage  # noqa: E402
 
 MIB = 1024 * 1024
@@ -37,6 +39,28 @@ def status_bytes(field: str) -> int:
     raise KeyError(field)
 
 
+@contextlib.contextmanager
+def resident_peaks(every_s: float = 0.02) -> Iterator[dict[str, int]]:
+    """Samples this process's RssAnon and RssFile every ``every_s`` while the block runs; the
+    dict yielded holds their peaks once it ends (RssAnon starts from its value on entry)."""
+    peak = {"RssAnon": status_bytes("RssAnon"), "RssFile": 0}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            for field, value in peak.items():
+                peak[field] = max(value, status_bytes(field))
+            time.sleep(every_s)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        yield peak
+    finally:
+        done.set()
+        sampler.join()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--gib", type=int, default=5)
@@ -47,31 +71,14 @@ def main() -> None:
         with source.open("wb") as out:
             for _ in range(args.gib * 1024):
                 out.write(block)
-        config = storage.StorageConfig.create(
-            s3_base_url=server.endpoint,
-            region=server.region,
-            access_key_id=server.access_key_id,
-            secret_access_key=server.secret_access_key,
-        )
+        config = config_for(server)
         client = storage.native_storage(config)
         storage.list_objects("s3://bench/", storage_config=config)  # client and runtime built
         base_anon = status_bytes("RssAnon")
-        peak = {"anon": base_anon, "file": 0}
-        done = threading.Event()
-
-        def sample() -> None:
-            while not done.is_set():
-                peak["anon"] = max(peak["anon"], status_bytes("RssAnon"))
-                peak["file"] = max(peak["file"], status_bytes("RssFile"))
-                time.sleep(0.02)
-
-        sampler = threading.Thread(target=sample)
-        sampler.start()
-        started = time.perf_counter()
-        size, _ = _native.put_file(client, "s3://bench/shard.bin", source, create_only=True)
-        seconds = time.perf_counter() - started
-        done.set()
-        sampler.join()
+        with resident_peaks() as peak:
+            started = time.perf_counter()
+            size, _ = _native.put_file(client, "s3://bench/shard.bin", source, create_only=True)
+            seconds = time.perf_counter() - started
         print(
             json.dumps(
                 {
@@ -79,8 +86,8 @@ def main() -> None:
                     "bytes": size,
                     "seconds": round(seconds, 2),
                     "mib_per_s": round(size / MIB / seconds, 1),
-                    "anon_rss_growth_mib": (peak["anon"] - base_anon) // MIB,
-                    "peak_file_rss_mib": peak["file"] // MIB,
+                    "anon_rss_growth_mib": (peak["RssAnon"] - base_anon) // MIB,
+                    "peak_file_rss_mib": peak["RssFile"] // MIB,
                 }
             )
         )

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from seaweed import storage_options
+
 torch = pytest.importorskip("torch")
 
 from syvain_training_data import SyvainTrainingData  # noqa: E402
@@ -89,12 +91,7 @@ def run_seed(seed_python: str, seaweed, code: str, *args: str) -> Any:
 
 
 def ours(seaweed) -> SyvainTrainingData:
-    return SyvainTrainingData(
-        s3_base_url=seaweed.endpoint,
-        region=seaweed.region,
-        access_key_id=seaweed.access_key_id,
-        secret_access_key=seaweed.secret_access_key,
-    )
+    return SyvainTrainingData(**storage_options(seaweed))
 
 
 SEED_SAVE = """

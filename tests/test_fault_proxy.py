@@ -1,7 +1,8 @@
-"""Tests of the test infrastructure itself: weed mini, the SigV4 helper and the fault proxy.
+"""Tests of tests/fault_proxy.py: pass-through (keep-alive, 100-continue, chunked bodies) and
+each scripted fault, through the proxy in front of SeaweedFS or a local stdlib server.
 
-Standard library only (plus tests/seaweed.py and tests/fault_proxy.py); nothing here imports
-syvain_training_data, so these run before the package is built.
+Standard library only (plus the test helpers); nothing here imports syvain_training_data, so
+these run before the package is built.
 """
 
 from __future__ import annotations
@@ -11,170 +12,20 @@ import http.client
 import http.server
 import os
 import random
-import re
 import socket
-import stat
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
-from fault_proxy import (
-    FaultProxy,
-    close_before_headers,
-    reset_after,
-    short_body,
-    stall_after,
-    status,
-)
-from seaweed import (
-    SeaweedServer,
-    SeaweedStartError,
-    canonical_target,
-    sign_headers,
-    start_seaweed,
-)
+from fault_proxy import FaultProxy
+from proxy_faults import Fault, close_before_headers, reset_after, short_body, stall_after, status
+from raw_http import RawConnection, RawResponse
+from seaweed import SeaweedServer, canonical_target, sign_headers
 
 MIB = 1024 * 1024
 pytestmark = pytest.mark.timeout(120)
-
-
-# --- a raw HTTP client that reports exactly how a response ended -----------------------------
-
-
-@dataclass
-class RawResponse:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-    outcome: str  # "complete" | "eof" | "reset" | "timeout"
-    events: list[tuple[str, float]] = field(default_factory=list)
-
-    @property
-    def content_length(self) -> int | None:
-        value = self.headers.get("content-length")
-        return None if value is None else int(value)
-
-
-class RawConnection:
-    """One TCP connection; requests are signed for ``server`` and sent verbatim."""
-
-    def __init__(self, server: SeaweedServer, port: int, timeout: float = 10.0) -> None:
-        self.server = server
-        self.port = port
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        self.buf = b""
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def __enter__(self) -> RawConnection:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def send(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: bytes = b"",
-        headers: dict[str, str] | None = None,
-        send_body: bool = True,
-    ) -> None:
-        headers = dict(headers or {})
-        if body or method in ("PUT", "POST"):
-            headers["Content-Length"] = str(len(body))
-        signed = sign_headers(
-            method,
-            f"127.0.0.1:{self.port}",
-            path,
-            access_key_id=self.server.access_key_id,
-            secret_access_key=self.server.secret_access_key,
-            region=self.server.region,
-            headers=headers,
-            body=body,
-        )
-        head = f"{method} {canonical_target(path)} HTTP/1.1\r\n"
-        head += "".join(f"{k}: {v}\r\n" for k, v in signed.items()) + "\r\n"
-        self.sock.sendall(head.encode() + (body if send_body else b""))
-
-    def _recv(self) -> bytes:
-        data = self.sock.recv(256 * 1024)
-        if not data:
-            raise EOFError
-        return data
-
-    def read_head(self) -> tuple[int, dict[str, str]]:
-        while b"\r\n\r\n" not in self.buf:
-            self.buf += self._recv()
-        raw, self.buf = self.buf.split(b"\r\n\r\n", 1)
-        lines = raw.decode("latin-1").split("\r\n")
-        headers = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        return int(lines[0].split(" ")[1]), headers
-
-    def read_response(
-        self, method: str = "GET", timeouts: tuple[float, ...] = (10.0,)
-    ) -> RawResponse:
-        """Reads a head and its Content-Length body. Each entry of ``timeouts`` is one read
-        phase: a phase ending in a socket timeout is recorded and the next phase continues."""
-        started = time.monotonic()
-        self.sock.settimeout(timeouts[0])
-        code, headers = self.read_head()
-        expected = 0 if method == "HEAD" else int(headers.get("content-length", "0"))
-        body = bytearray(self.buf)
-        self.buf = b""
-        events: list[tuple[str, float]] = []
-        outcome = "complete"
-        phases = list(timeouts)
-        while len(body) < expected:
-            self.sock.settimeout(phases[0])
-            try:
-                body += self._recv()
-            except TimeoutError:
-                events.append(("timeout", time.monotonic() - started))
-                outcome = "timeout"
-                if len(phases) == 1:
-                    break
-                phases.pop(0)
-            except EOFError:
-                events.append(("eof", time.monotonic() - started))
-                outcome = "eof"
-                break
-            except ConnectionResetError:
-                events.append(("reset", time.monotonic() - started))
-                outcome = "reset"
-                break
-        if len(body) >= expected:
-            outcome = "complete"
-        return RawResponse(code, headers, bytes(body), outcome, events)
-
-    def request(self, method: str, path: str, **kwargs: object) -> RawResponse:
-        timeouts = kwargs.pop("timeouts", (10.0,))
-        self.send(method, path, **kwargs)  # type: ignore[arg-type]
-        return self.read_response(method, timeouts)  # type: ignore[arg-type]
-
-    def wait_closed(self, timeout: float = 5.0) -> str:
-        """ "eof" or "reset" once the peer closed; "open" if it did not within ``timeout``."""
-        self.sock.settimeout(timeout)
-        try:
-            while self.sock.recv(65536):
-                pass
-        except ConnectionResetError:
-            return "reset"
-        except TimeoutError:
-            return "open"
-        return "eof"
-
-
-# --- fixtures --------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -196,138 +47,15 @@ def object_path(objects: dict[str, bytes], suffix: str) -> str:
     return next(p for p in objects if p.endswith(suffix))
 
 
-# --- SeaweedFS itself ------------------------------------------------------------------------
-
-
-def test_buckets_exist_and_credentials_work(seaweed: SeaweedServer) -> None:
-    listing = seaweed.request("GET", "/")
-    assert listing.status == 200
-    for bucket in ("syvain-test", "syvain-data"):
-        assert f"<Name>{bucket}</Name>".encode() in listing.body
-        assert seaweed.request("HEAD", f"/{bucket}").status == 200
-    assert seaweed.endpoint.startswith("http://127.0.0.1:")
-    assert seaweed.secret_access_key not in repr(seaweed)
-
-
-def test_credentials_are_enforced(seaweed: SeaweedServer, objects: dict[str, bytes]) -> None:
-    path = object_path(objects, "small.txt")
-    wrong_secret = seaweed.request("GET", path, secret_access_key="wrong-secret")
-    assert (wrong_secret.status, wrong_secret.s3_error_code) == (403, "SignatureDoesNotMatch")
-    assert seaweed.request("GET", "/", secret_access_key="wrong-secret").status == 403
-    unknown_key = seaweed.request("GET", path, access_key_id="AKIDUNKNOWN00000")
-    assert (unknown_key.status, unknown_key.s3_error_code) == (403, "InvalidAccessKeyId")
-    anonymous = http.client.HTTPConnection(seaweed.host, seaweed.port, timeout=10)
-    try:
-        anonymous.request("GET", path)
-        assert anonymous.getresponse().status == 403
-    finally:
-        anonymous.close()
-    assert seaweed.request("PUT", path, body=b"x", secret_access_key="nope").status == 403
-    assert seaweed.request("GET", path).body == objects[path]
-
-
-def test_create_only_put_with_if_none_match(seaweed: SeaweedServer, unique_prefix: str) -> None:
-    path = f"/syvain-test/{unique_prefix}/create-only.json"
-    first = seaweed.request("PUT", path, body=b"first", headers={"If-None-Match": "*"})
-    assert first.status == 200
-    second = seaweed.request("PUT", path, body=b"second", headers={"If-None-Match": "*"})
-    assert (second.status, second.s3_error_code) == (412, "PreconditionFailed")
-    assert seaweed.request("GET", path).body == b"first"
-
-
-def test_ranged_get_with_if_match(seaweed: SeaweedServer, unique_prefix: str) -> None:
-    path = f"/syvain-test/{unique_prefix}/ranged.bin"
-    data = random.Random(1).randbytes(100_000)
-    etag = seaweed.request("PUT", path, body=data).header("etag")
-    assert etag and etag.startswith('"')
-    ranged = seaweed.request("GET", path, headers={"Range": "bytes=1000-", "If-Match": etag})
-    assert ranged.status == 206
-    assert ranged.header("content-range") == f"bytes 1000-99999/{len(data)}"
-    assert ranged.body == data[1000:]
-    mismatch = seaweed.request("GET", path, headers={"Range": "bytes=1000-", "If-Match": '"0"'})
-    assert (mismatch.status, mismatch.s3_error_code) == (412, "PreconditionFailed")
-    seaweed.request("PUT", path, body=data[::-1])
-    changed = seaweed.request("GET", path, headers={"Range": "bytes=0-", "If-Match": etag})
-    assert changed.status == 412
-
-
-def test_multipart_complete_honours_if_none_match(
-    seaweed: SeaweedServer, unique_prefix: str
-) -> None:
-    path = f"/syvain-test/{unique_prefix}/multipart.bin"
-
-    def upload() -> tuple[int, str]:
-        created = seaweed.request("POST", path, query={"uploads": ""})
-        match = re.search(rb"<UploadId>(.*?)</UploadId>", created.body)
-        assert created.status == 200 and match
-        upload_id = match.group(1).decode()
-        etags = []
-        for number, part in ((1, b"a" * (5 * MIB)), (2, b"b" * 10)):
-            put = seaweed.request(
-                "PUT", path, body=part, query={"partNumber": str(number), "uploadId": upload_id}
-            )
-            assert put.status == 200
-            etags.append(put.header("etag"))
-        body = "".join(
-            f"<Part><PartNumber>{n}</PartNumber><ETag>{e}</ETag></Part>"
-            for n, e in enumerate(etags, 1)
-        )
-        done = seaweed.request(
-            "POST",
-            path,
-            body=f"<CompleteMultipartUpload>{body}</CompleteMultipartUpload>".encode(),
-            headers={"If-None-Match": "*"},
-            query={"uploadId": upload_id},
-        )
-        if done.status != 200:
-            seaweed.request("DELETE", path, query={"uploadId": upload_id})
-        return done.status, done.s3_error_code or ""
-
-    assert upload() == (200, "")
-    assert upload() == (412, "PreconditionFailed")
-    assert seaweed.request("HEAD", path).header("content-length") == str(5 * MIB + 10)
-
-
-def test_start_failure_reports_the_log_tail(tmp_path: Path) -> None:
-    fake = tmp_path / "weed"
-    fake.write_text("#!/bin/sh\necho 'fatal: the fake weed broke on purpose' >&2\nexit 3\n")
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    expected = "(?s)exited with code 3.*broke on purpose"
-    with pytest.raises(SeaweedStartError, match=expected), start_seaweed(weed_binary=str(fake)):
-        pass
-
-
-@pytest.mark.timeout(120)  # a hang guard only: the fake would run for an hour
-def test_start_timeout_is_bounded_and_kills_the_process(tmp_path: Path) -> None:
-    fake = tmp_path / "weed"
-    pid_file = tmp_path / "pid"
-    fake.write_text(f"#!/bin/sh\necho $$ > {pid_file}\necho 'still thinking'\nexec sleep 3600\n")
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    with (
-        pytest.raises(SeaweedStartError, match="(?s)not ready after.*still thinking"),
-        start_seaweed(weed_binary=str(fake), startup_timeout=1.0),
-    ):
-        pass
-    # Bounded: start_seaweed gave up on its own (the fake never gets ready) and the process is
-    # gone (killed and reaped), not left sleeping for its hour.
-    with pytest.raises(ProcessLookupError):
-        os.kill(int(pid_file.read_text()), 0)
-
-
-@pytest.mark.timeout(60)
-def test_a_second_server_starts_fast_and_cleans_up() -> None:
-    started = time.monotonic()
-    with start_seaweed(("other-bucket",)) as server:
-        startup = time.monotonic() - started
-        assert server.request("HEAD", "/other-bucket").status == 200
-        assert server.pid is not None and server.data_dir is not None
-        pid, root = server.pid, server.data_dir.parent
-        assert root.is_dir()
-    print(f"weed mini startup {startup:.2f} s, stop {time.monotonic() - started - startup:.2f} s")
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
-    assert not root.exists()
-    assert startup < 30
+def get_big_object_with(
+    fault: Fault, seaweed: SeaweedServer, fault_proxy: FaultProxy, objects: dict[str, bytes]
+) -> tuple[str, RawResponse]:
+    """The 4 MiB object's path and the response to a GET of it on a raw connection through the
+    proxy with ``fault`` scripted."""
+    path = object_path(objects, "4mib.bin")
+    fault_proxy.script(fault)
+    with RawConnection(seaweed, fault_proxy.port) as conn:
+        return path, conn.request("GET", path)
 
 
 # --- the proxy: pass-through -----------------------------------------------------------------
@@ -436,10 +164,7 @@ def test_expect_100_continue_passes_through(
 def test_reset_after_n_body_bytes(
     seaweed: SeaweedServer, fault_proxy: FaultProxy, objects: dict[str, bytes], n: int
 ) -> None:
-    path = object_path(objects, "4mib.bin")
-    fault_proxy.script(reset_after(n))
-    with RawConnection(seaweed, fault_proxy.port) as conn:
-        response = conn.request("GET", path)
+    path, response = get_big_object_with(reset_after(n), seaweed, fault_proxy, objects)
     assert response.status == 200
     assert response.content_length == len(objects[path])
     assert response.outcome == "reset"
@@ -522,10 +247,7 @@ def test_close_before_headers(
 def test_short_body_ends_cleanly_early(
     seaweed: SeaweedServer, fault_proxy: FaultProxy, objects: dict[str, bytes], n: int
 ) -> None:
-    path = object_path(objects, "4mib.bin")
-    fault_proxy.script(short_body(n))
-    with RawConnection(seaweed, fault_proxy.port) as conn:
-        response = conn.request("GET", path)
+    path, response = get_big_object_with(short_body(n), seaweed, fault_proxy, objects)
     assert response.content_length == len(objects[path])
     assert response.outcome == "eof"
     assert response.body == objects[path][:n]
