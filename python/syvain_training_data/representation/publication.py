@@ -34,7 +34,6 @@ from syvain_training_data.manifest import (
     DataManifest,
     ManifestShard,
     canonical_manifest_bytes,
-    loads_strict_json,
     parse_manifest,
 )
 from syvain_training_data.representation.custody import (
@@ -46,6 +45,7 @@ from syvain_training_data.representation.custody import (
 )
 from syvain_training_data.shard import iter_shard
 from syvain_training_data.storage import StorageConfig, head_object
+from syvain_training_data.strict_json import loads_strict_json
 from syvain_training_data.uris import check_shard_scheme, plain_etag, s3_bucket_key
 
 __all__ = [
