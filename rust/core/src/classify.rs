@@ -123,7 +123,11 @@ pub fn classify_local_io(uri: &str, error: &std::io::Error) -> StoreFailure {
         Ok(Location::File { path }) => path,
         _ => uri.to_string(),
     };
-    StoreFailure::Fatal(io_error("Cannot access", std::path::Path::new(&path), error))
+    StoreFailure::Fatal(io_error(
+        "Cannot access",
+        std::path::Path::new(&path),
+        error,
+    ))
 }
 
 /// Generic errors carry an HTTP status in their text when the server answered at all.
