@@ -68,6 +68,8 @@ def check_bucket_name(bucket: str) -> str:
 
 
 def _refuse_request_changing_characters(bucket: str) -> None:
+    """ValueError naming the characters SPEC section 4 forbids (those that could change where
+    a request goes); the other characters a bucket never holds get :func:`_bucket_problem`."""
     found = _BAD_BUCKET_CHARACTER.search(bucket)
     if found:
         raise ValueError(
