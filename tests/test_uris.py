@@ -4,6 +4,7 @@ rule and local etags, and the manifest model's use of them."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +37,10 @@ BAD_BUCKET_CHARACTERS = [
 ]
 
 
+# The table the Rust store is tested against too (`cargo test -p syvain-core`).
+URI_RULES = json.loads((Path(__file__).parent / "uri_rules.json").read_text("utf-8"))
+
+
 def manifest_bytes(shard_uri: str) -> bytes:
     shard = {"uri": shard_uri, "records": 1, "size_bytes": 1, "etag": ""}
     document = {
@@ -56,6 +61,63 @@ def test_s3_and_file_uris_parse() -> None:
     for bad in ["file:///", "file://host/path", "file:/path", "file:relative"]:
         with pytest.raises(ValueError, match="file:///absolute/path"):
             check_uri(bad)
+
+
+@pytest.mark.parametrize("case", URI_RULES["valid"], ids=lambda case: case["uri"])
+def test_the_shared_table_of_valid_uris(case) -> None:
+    uri = case["uri"]
+    assert check_uri(uri) == uri
+    if "path" in case:
+        assert file_path(uri) == case["path"]
+    else:
+        assert s3_bucket_key(uri) == (case["bucket"], case["key"])
+    assert parse_manifest(manifest_bytes(uri), "m").splits["train"].shards[0].uri == uri
+
+
+@pytest.mark.parametrize("case", URI_RULES["invalid"], ids=lambda case: repr(case["uri"]))
+def test_the_shared_table_of_invalid_uris(case) -> None:
+    uri = case["uri"]
+    with pytest.raises(ValueError):
+        check_uri(uri)
+    with pytest.raises(ValueError, match=r"^Data manifest has invalid shape: m\n") as info:
+        parse_manifest(manifest_bytes(uri), "m")
+    assert "shard URI must be s3://bucket/key" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("uri", "problem"),
+    [
+        ("s3://b/a//c", "the key holds an empty, '.' or '..' segment"),
+        ("s3://b/a/../c", "the key holds an empty, '.' or '..' segment"),
+        ("s3://b/prefix/", "an object key may not end in '/'"),
+        ("s3://b/a\x01", "the key holds a control character"),
+        (
+            "s3://a[b]/k",
+            "the bucket name 'a[b]' holds '['; bucket names may hold only letters, "
+            "digits, '.', '-' and '_'",
+        ),
+        ("s3://é/k", "the bucket name 'é' holds 'é'"),
+        ("file:///data/../etc/passwd", "the path holds an empty, '.' or '..' segment"),
+        ("file:////x", "the path holds an empty, '.' or '..' segment"),
+        ("file:///data/", "an object path may not end in '/'"),
+        ("file:///data/x\x01", "the path holds a control character"),
+    ],
+)
+def test_a_uri_the_store_would_refuse_is_named_with_its_problem(uri, problem) -> None:
+    with pytest.raises(ValueError) as info:
+        check_uri(uri)
+    assert str(info.value).startswith(f"{uri!r} is not a valid ")
+    assert problem in str(info.value)
+    with pytest.raises(ValueError) as info:
+        parse_manifest(manifest_bytes(uri), "m")
+    assert f"{uri!r} is not a valid " in str(info.value) and problem in str(info.value)
+
+
+def test_bucket_names_hold_only_letters_digits_dots_dashes_and_underscores() -> None:
+    assert check_bucket_name("my-data.v2_X") == "my-data.v2_X"
+    for bucket in ["a\\b", "a[b]", "é", "a+b", "a!b"]:
+        with pytest.raises(ValueError, match="bucket names may hold only letters, digits"):
+            check_bucket_name(bucket)
 
 
 @pytest.mark.parametrize("character", BAD_BUCKET_CHARACTERS)

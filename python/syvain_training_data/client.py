@@ -1,10 +1,11 @@
-"""`SyvainTrainingData`: the client that reads and writes manifests (and, later, datasets)."""
+"""`SyvainTrainingData`: one store configuration, and what reads and writes datasets through it
+(manifests, savers, loaders, representation examples)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Unpack
 
 from pydantic import SecretStr, ValidationError
 
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from syvain_training_data.manifest import DataManifestDataFormat
     from syvain_training_data.publish import DatasetSaver
     from syvain_training_data.representation import RepresentationExample
+    from syvain_training_data.representation.examples import ExampleSelection
 
 __all__ = ["SyvainTrainingData"]
 
@@ -219,17 +221,14 @@ class SyvainTrainingData:
         self,
         manifest_uri: str,
         manifest_sha256: str,
-        *,
-        split: str,
-        sources: Sequence[str],
-        per_source_count: int,
-        teacher_layer: int,
-        state_kind: str,
+        **selection: Unpack[ExampleSelection],
     ) -> Iterator[RepresentationExample]:
         """Verified examples of the OLMo 3 representation publication (SPEC section 7): the
         first ``per_source_count`` blocks by block_id of each source, in the order of
         ``sources``, each joined to its 32 teacher projections for (``teacher_layer``,
-        ``state_kind``). Needs the ``representation`` extra.
+        ``state_kind``), all keyword arguments
+        (:class:`~syvain_training_data.representation.examples.ExampleSelection`). Needs the
+        ``representation`` extra.
 
         Arguments are checked now (TypeError, ValueError); the publication is downloaded and
         verified on the first ``next()``, and nothing is yielded until every check has passed.
@@ -240,12 +239,5 @@ class SyvainTrainingData:
         from syvain_training_data.representation import iter_representation_examples
 
         return iter_representation_examples(
-            manifest_uri,
-            manifest_sha256,
-            split=split,
-            sources=sources,
-            per_source_count=per_source_count,
-            teacher_layer=teacher_layer,
-            state_kind=state_kind,
-            storage_config=self._storage_config,
+            manifest_uri, manifest_sha256, storage_config=self._storage_config, **selection
         )

@@ -1,8 +1,9 @@
 """The package's own exception types (the extension raises these by name).
 
-Every one derives from :class:`SyvainError`, and each keeps the built-in base it always had
-(RuntimeError), so ``except RuntimeError`` code keeps working. Errors carry what they are about
-as attributes (``uri``, ``reason``, ``data_format``): callers never parse messages.
+Each derives from :class:`SyvainError` and from RuntimeError: they say that the data or the
+store is wrong, not the caller's arguments (ValueError and TypeError say that), so ``except
+RuntimeError`` catches them. Errors carry what they are about as attributes (``uri``,
+``reason``, ``data_format``): callers never parse messages.
 """
 
 from __future__ import annotations

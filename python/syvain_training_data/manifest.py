@@ -24,10 +24,9 @@ Rules, each enforced at validation time:
 - ``splits`` holds at least one split; split and curriculum stage names are non-empty.
 - Every ``records`` and ``size_bytes`` is an integer > 0; every ``shards`` list holds at least
   one shard; a split's and a stage's ``records`` equal the sum of their shards' records.
-- A shard URI is ``s3://bucket/key`` (bucket and key non-empty) or ``file:///absolute/path``
-  (the local directory store of SPEC section 4; something must follow the root slash).  Schemes
-  are lower case; ``file:/path`` and ``file://host/path`` are rejected.  A bucket name may not
-  hold ``/ ? # @ : %``, whitespace or control characters (:mod:`syvain_training_data.uris`).
+- A shard URI is ``s3://bucket/key`` or ``file:///absolute/path`` (the local directory store of
+  SPEC section 4), under the rules of :mod:`syvain_training_data.uris`, the store's own: a
+  manifest that validates names only objects the store can read.
 
 Decisions taken where SPEC is silent:
 
@@ -39,13 +38,8 @@ Decisions taken where SPEC is silent:
 - **No repeated shard URIs within one shards list.** A URI names one object; the saver never
   writes a repeat and the loader de-duplicates URIs, so a repeat is rejected rather than read
   twice.  The same URI may appear in several stages, and in several splits.
-- **Metadata is finite, encodable JSON.** :data:`JsonValue` is ``None``, ``bool``, ``int``, a
-  finite ``float``, ``str``, ``list`` or ``dict`` with ``str`` keys, by exact type (subclasses
-  such as enums, and tuples or other mappings, are rejected).  NaN and infinities are rejected:
-  strict JSON has no token for them and pydantic would dump them as ``null``, so a manifest
-  holding one could not round-trip through its canonical bytes.  For the same reason every
-  string in a manifest (names, URIs, etags, metadata keys and values) must be encodable as
-  UTF-8: a lone surrogate, which a ``"\\ud800"`` JSON escape can produce, is rejected.
+- **Metadata is finite, encodable JSON** and every string is encodable as UTF-8
+  (:mod:`syvain_training_data.strict_json` says why).
 - **Counts and sizes are below 2**63** (:data:`MAX_COUNT` is ``2**63 - 1``): every shard's
   ``records`` and ``size_bytes`` and every split's and stage's ``records``, and so the sum of a
   split's (or a stage's) shard records, which must equal its ``records``; the sum of a split's
@@ -59,18 +53,16 @@ Decisions taken where SPEC is silent:
   buffer; :func:`parse_manifest` refuses longer bytes too.  A shard entry takes about 270
   bytes of canonical JSON (a split's listing and each stage's count separately), so the limit
   holds about a million of them.
-- **Other integers (metadata) have at most 4300 digits**, Python's default limit for
-  converting between int and str (``sys.int_info.default_max_str_digits``): ``json.loads``
-  could not read a longer one back from the canonical bytes.
+- **Other integers (metadata) have at most 4300 digits** (:mod:`.strict_json`).
 - **Nesting is bounded.** A stage's ``metadata`` may nest at most
   :data:`MAX_METADATA_DEPTH` (123) objects and arrays deep, the metadata object itself
   included, so a whole manifest nests at most 128 deep: the default limit of common strict
   parsers (serde_json), and well inside what pydantic can serialize (about 250).
-- **JSON text is parsed strictly.** :func:`parse_manifest` rejects, as not valid JSON, the
-  ``NaN`` / ``Infinity`` / ``-Infinity`` tokens, numbers that overflow a float (``1e400``),
-  duplicate keys in one object (ambiguous; the canonical bytes never contain them), a UTF-8
-  byte order mark, and nesting too deep for the parser.  JSON floats (``1.5``, ``1e3``) are of
-  course accepted in metadata; they are not accepted where an integer is required.
+- **JSON text is parsed strictly** (:func:`~syvain_training_data.strict_json.loads_strict_json`):
+  ``NaN`` / ``Infinity`` tokens, numbers that overflow a float, duplicate keys, a UTF-8 byte
+  order mark and nesting too deep for the parser are "not valid JSON".  JSON floats (``1.5``,
+  ``1e3``) are of course accepted in metadata; they are not accepted where an integer is
+  required.
 - Split and stage names are only required to be non-empty: whitespace is kept as written.
 - Frozen means attribute assignment raises; the ``dict`` and ``list`` values inside a model
   are ordinary containers and must not be mutated.  :func:`validate_manifest` re-validates an
@@ -80,8 +72,6 @@ Decisions taken where SPEC is silent:
 from __future__ import annotations
 
 import errno
-import json
-import math
 import os
 import stat
 from collections.abc import Mapping
@@ -91,15 +81,20 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
-    Discriminator,
     Field,
-    Tag,
     ValidationError,
     field_validator,
     model_validator,
 )
 
 from syvain_training_data.storage import StorageConfig, head_object, open_stream
+from syvain_training_data.strict_json import (
+    JsonObject,
+    JsonValue,
+    Utf8Str,
+    json_depth,
+    loads_strict_json,
+)
 from syvain_training_data.uris import FILE_PREFIX, check_uri, file_path, portable_etag
 
 __all__ = [
@@ -132,39 +127,16 @@ DATA_FORMATS: tuple[DataManifestDataFormat, ...] = get_args(DataManifestDataForm
 # --------------------------------------------------------------------------------------------
 
 
-def _require_utf8(value: str) -> str:
-    """Reject strings that cannot be encoded as UTF-8 (lone surrogates)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("string is not encodable as UTF-8 (it holds a lone surrogate)") from None
-    return value
-
-
-_MAX_INT_DIGITS = 4300
-_INT_BOUND = 10**_MAX_INT_DIGITS
-
-
-def _require_int_digits(value: int) -> int:
-    """Reject integers too long for Python's default int/str conversion limit."""
-    if not -_INT_BOUND < value < _INT_BOUND:
-        raise ValueError(f"integer has more than {_MAX_INT_DIGITS} digits")
-    return value
-
-
 MAX_COUNT = 2**63 - 1
 """The largest ``records`` or ``size_bytes`` a manifest may hold (also the largest sum of a
 split's shard sizes): counts and sizes are below 2**63."""
 
-_Text = Annotated[str, AfterValidator(_require_utf8)]
-_Int = Annotated[int, Field(strict=True), AfterValidator(_require_int_digits)]
 _Count = Annotated[int, Field(strict=True, gt=0, le=MAX_COUNT)]
-_FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 
 
 def _check_shard_uri(uri: str) -> str:
-    """Accept ``s3://bucket/key`` (both non-empty, a safe bucket name) or
-    ``file:///absolute/path``."""
+    """Accept ``s3://bucket/key`` or ``file:///absolute/path`` under the store's rules
+    (:func:`~syvain_training_data.uris.check_uri`)."""
     try:
         return check_uri(uri)
     except ValueError as error:
@@ -175,72 +147,11 @@ def _check_shard_uri(uri: str) -> str:
         ) from None
 
 
-_ShardUri = Annotated[_Text, AfterValidator(_check_shard_uri)]
-
-
-# --------------------------------------------------------------------------------------------
-# JSON values
-# --------------------------------------------------------------------------------------------
-
-_JSON_TAGS: dict[type, str] = {
-    type(None): "null",
-    bool: "bool",
-    int: "int",
-    float: "float",
-    str: "str",
-    list: "array",
-    dict: "object",
-}
-
-
-def _json_tag(value: Any) -> str | None:
-    """Discriminate JSON values by exact type, so that bool never passes as int."""
-    return _JSON_TAGS.get(type(value))
-
-
-type JsonValue = Annotated[
-    Annotated[None, Tag("null")]
-    | Annotated[bool, Tag("bool")]
-    | Annotated[_Int, Tag("int")]
-    | Annotated[_FiniteFloat, Tag("float")]
-    | Annotated[_Text, Tag("str")]
-    | Annotated[list[JsonValue], Tag("array")]
-    | Annotated[dict[_Text, JsonValue], Tag("object")],
-    Discriminator(
-        _json_tag,
-        custom_error_type="invalid_json_value",
-        custom_error_message=(
-            "Input should be a JSON value: None, bool, int, finite float, str, "
-            "list or dict with str keys"
-        ),
-    ),
-]
-"""A JSON value, validated by exact type in strict mode (see the module docstring)."""
-
-type JsonObject = dict[_Text, JsonValue]
-"""A JSON object: a ``dict`` with ``str`` keys and :data:`JsonValue` values."""
+_ShardUri = Annotated[Utf8Str, AfterValidator(_check_shard_uri)]
 
 
 MAX_METADATA_DEPTH = 123
 """How many objects and arrays deep a stage's metadata may nest, the metadata object included."""
-
-
-def _json_depth(value: object) -> int:
-    """Return how many arrays and objects deep ``value`` nests (0 for a scalar), iteratively."""
-    deepest = 0
-    stack: list[tuple[object, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: list[object] = list(item.values())
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        depth += 1
-        deepest = max(deepest, depth)
-        stack.extend((child, depth) for child in children)
-    return deepest
 
 
 # --------------------------------------------------------------------------------------------
@@ -282,7 +193,7 @@ class ManifestShard(_ManifestModel):
     uri: _ShardUri
     records: _Count
     size_bytes: _Count
-    etag: _Text = ""
+    etag: Utf8Str = ""
 
 
 class ManifestCurriculumStage(_ManifestModel):
@@ -304,7 +215,7 @@ class ManifestCurriculumStage(_ManifestModel):
     @field_validator("metadata")
     @classmethod
     def _check_metadata_depth(cls, metadata: dict[str, Any]) -> dict[str, Any]:
-        depth = _json_depth(metadata)
+        depth = json_depth(metadata)
         if depth > MAX_METADATA_DEPTH:
             raise ValueError(
                 f"metadata nests {depth} objects and arrays deep; at most "
@@ -333,7 +244,7 @@ class ManifestDatasetEntry(_ManifestModel):
 
     records: _Count
     shards: list[ManifestShard]
-    curriculum: dict[_Text, ManifestCurriculumStage] = Field(default_factory=dict)
+    curriculum: dict[Utf8Str, ManifestCurriculumStage] = Field(default_factory=dict)
 
     _check_shards = field_validator("shards")(_check_shard_list)
 
@@ -388,7 +299,7 @@ class DataManifest(_ManifestModel):
 
     version: Literal[1]
     data_format: DataManifestDataFormat
-    splits: dict[_Text, ManifestDatasetEntry]
+    splits: dict[Utf8Str, ManifestDatasetEntry]
 
     @field_validator("version", mode="before")
     @classmethod
@@ -413,44 +324,6 @@ class DataManifest(_ManifestModel):
 # --------------------------------------------------------------------------------------------
 # Parsing and serialization
 # --------------------------------------------------------------------------------------------
-
-
-class _StrictJsonError(ValueError):
-    """JSON text that is well formed for Python's json module but not strict JSON."""
-
-
-def _reject_constant(token: str) -> object:
-    raise _StrictJsonError(f"{token} is not a JSON number")
-
-
-def _parse_finite_float(token: str) -> float:
-    value = float(token)
-    if not math.isfinite(value):
-        raise _StrictJsonError(f"number {token} is out of range")
-    return value
-
-
-def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise _StrictJsonError(f"duplicate object key {key!r}")
-        result[key] = value
-    return result
-
-
-def loads_strict_json(text: str) -> object:
-    """Parse strict JSON text: no repeated object keys, no NaN or Infinity, no number out of
-    float range. Raises ValueError (with the reason) otherwise, also for nesting too deep."""
-    try:
-        return json.loads(
-            text,
-            object_pairs_hook=_object_without_duplicates,
-            parse_constant=_reject_constant,
-            parse_float=_parse_finite_float,
-        )
-    except RecursionError:
-        raise _StrictJsonError("JSON nesting is too deep") from None
 
 
 MAX_MANIFEST_BYTES = 256 * 1024 * 1024
@@ -567,7 +440,7 @@ def parse_manifest(data: bytes | bytearray | memoryview, uri: str) -> DataManife
         raise ValueError(f"Data manifest is not valid UTF-8: {uri}") from error
     try:
         value = loads_strict_json(text)
-    except ValueError as error:  # json.JSONDecodeError, _StrictJsonError, int digit limit
+    except ValueError as error:  # json.JSONDecodeError, strict JSON rules, int digit limit
         raise ValueError(f"Data manifest is not valid JSON: {uri}") from error
     try:
         return DataManifest.model_validate(value, strict=True)

@@ -1,11 +1,18 @@
 """The URIs of SPEC section 4: parsing, the untrusted-manifest scheme rule, and etags.
 
-A URI is ``s3://bucket/key`` (bucket and key non-empty) or ``file:///absolute/path``
-(something must follow the root slash). Schemes are lower case; ``file:/path`` and
-``file://host/path`` are not URIs here.
+A URI is ``s3://bucket/key`` or ``file:///absolute/path``; schemes are lower case, and
+``file:/path`` and ``file://host/path`` are not URIs here. These are the rules of the Rust store
+(``Location::parse`` in ``rust/core/src/store.rs``), which reads every object: a URI valid here
+is one the store accepts. ``tests/uri_rules.json`` is one table of valid and invalid URIs that
+both sides are tested against.
 
-- **Bucket names** may not hold a character that could change a request's URL or host:
-  ``/ ? # @ : %``, whitespace or control characters (in path and virtual-hosted style alike).
+- **Bucket names** hold only ASCII letters, digits, ``.``, ``-`` and ``_``: no character that
+  could change a request's URL or host (``/ ? # @ : %``, whitespace, control characters), in
+  path and virtual-hosted style alike.
+- **Keys** (and a file path after its root slash) are non-empty, do not end in ``/``, and hold
+  no empty, ``.`` or ``..`` segment and no ASCII control character. A key is taken literally:
+  ``a//b`` or ``a/../b`` would name another object on the local store (or a file outside a
+  dataset's folder), so they are refused rather than normalized.
 - **Schemes are confined** (:func:`check_shard_scheme`): a manifest read from ``s3://`` may name
   only ``s3://`` shards and a ``file://`` manifest only ``file://`` shards, unless the caller
   opts in with ``allow_mixed_schemes=True``. A manifest can never point a reader at local files
@@ -43,29 +50,65 @@ type Scheme = Literal["s3", "file"]
 # / ? # @ : % change a URL's path, query, fragment, user info, port or escapes; whitespace and
 # control characters (C0, DEL, C1) end or split a request line.
 _BAD_BUCKET_CHARACTER: Final = re.compile(r"[/?#@:%\s\x00-\x1f\x7f-\x9f]")
+# Anything else a bucket name never holds.
+_NOT_A_BUCKET_CHARACTER: Final = re.compile(r"[^A-Za-z0-9._-]")
+_KEY_CONTROL_CHARACTER: Final = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def check_bucket_name(bucket: str) -> str:
-    """Returns ``bucket``; ValueError if it is empty or holds a character that could change
-    the request URL or its host."""
+    """Returns ``bucket``; ValueError if it is empty or holds a character other than ASCII
+    letters, digits, ``.``, ``-`` and ``_``."""
     if not bucket:
         raise ValueError("bucket name is empty")
+    _refuse_request_changing_characters(bucket)
+    problem = _bucket_problem(bucket)
+    if problem:
+        raise ValueError(problem)
+    return bucket
+
+
+def _refuse_request_changing_characters(bucket: str) -> None:
+    """ValueError naming the characters SPEC section 4 forbids (those that could change where
+    a request goes); the other characters a bucket never holds get :func:`_bucket_problem`."""
     found = _BAD_BUCKET_CHARACTER.search(bucket)
     if found:
         raise ValueError(
             f"bucket name {bucket!r} holds {found.group()!r}: a bucket name may not hold "
             "/ ? # @ : %, whitespace or control characters"
         )
-    return bucket
+
+
+def _bucket_problem(bucket: str) -> str | None:
+    found = _NOT_A_BUCKET_CHARACTER.search(bucket)
+    if found is None:
+        return None
+    return (
+        f"the bucket name {bucket!r} holds {found.group()!r}; bucket names may hold only "
+        "letters, digits, '.', '-' and '_'"
+    )
+
+
+def _key_problem(key: str, what: str = "key") -> str | None:
+    """What makes a non-empty key (or a path after its root slash) name no single object."""
+    if key.endswith("/"):
+        return f"an object {what} may not end in '/'"
+    if any(segment in ("", ".", "..") for segment in key.split("/")):
+        return f"the {what} holds an empty, '.' or '..' segment"
+    if _KEY_CONTROL_CHARACTER.search(key):
+        return f"the {what} holds a control character"
+    return None
 
 
 def s3_bucket_key(uri: str) -> tuple[str, str]:
-    """``(bucket, key)`` of ``s3://bucket/key``; ValueError unless both are non-empty and the
-    bucket name is safe (:func:`check_bucket_name`)."""
+    """``(bucket, key)`` of ``s3://bucket/key``; ValueError unless both are non-empty and valid
+    (:func:`check_bucket_name`, the key rules of the module docstring)."""
     if uri.startswith(S3_PREFIX):
         bucket, slash, key = uri[len(S3_PREFIX) :].partition("/")
         if bucket and slash and key:
-            check_bucket_name(bucket)
+            _refuse_request_changing_characters(bucket)
+            problem = _bucket_problem(bucket) or _key_problem(key)
+            if problem:
+                raise ValueError(f"{uri!r} is not a valid object URI: {problem}")
             return bucket, key
     raise ValueError(f"{uri!r} is not an s3://bucket/key URI (bucket and key non-empty)")
 
@@ -73,7 +116,11 @@ def s3_bucket_key(uri: str) -> tuple[str, str]:
 def file_path(uri: str) -> str:
     """The absolute path of ``file:///absolute/path``; ValueError otherwise."""
     if uri.startswith(FILE_PREFIX + "/") and len(uri) > len(FILE_PREFIX) + 1:
-        return uri[len(FILE_PREFIX) :]
+        path = uri[len(FILE_PREFIX) :]
+        problem = _key_problem(path[1:], "path")
+        if problem:
+            raise ValueError(f"{uri!r} is not a valid file:///absolute/path URI: {problem}")
+        return path
     raise ValueError(f"{uri!r} is not a file:///absolute/path URI")
 
 

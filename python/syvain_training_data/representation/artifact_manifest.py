@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
 from syvain_training_data.errors import RepresentationIntegrityError
-from syvain_training_data.manifest import loads_strict_json
 from syvain_training_data.representation.custody import Claim, integrity_error
 from syvain_training_data.representation.layout import is_count
+from syvain_training_data.strict_json import loads_strict_json
 
 __all__ = ["ARTIFACT_MANIFEST_SCHEMA", "InventoryObject", "check_artifact_manifest"]
 

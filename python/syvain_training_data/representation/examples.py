@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypedDict, Unpack
 
 import torch
 
@@ -154,16 +154,22 @@ def _check_request(
     )
 
 
+class ExampleSelection(TypedDict):
+    """The keyword arguments that pick the examples, here and on the client's method."""
+
+    split: str
+    sources: Sequence[str]
+    per_source_count: int
+    teacher_layer: int
+    state_kind: str
+
+
 def iter_representation_examples(
     manifest_uri: str,
     manifest_sha256: str,
     *,
-    split: str,
-    sources: Sequence[str],
-    per_source_count: int,
-    teacher_layer: int,
-    state_kind: str,
     storage_config: StorageConfig | None = None,
+    **selection: Unpack[ExampleSelection],
 ) -> Iterator[RepresentationExample]:
     """Yields ``per_source_count`` verified examples per source: sources in the given order,
     block_id ascending within each (SPEC section 7).
@@ -182,15 +188,7 @@ def iter_representation_examples(
         RepresentationIntegrityError: any custody or schema check fails (on iteration).
         PermissionError, StorageRetryExhaustedError, OSError: from the store or the local disk.
     """
-    request = _check_request(
-        manifest_uri,
-        manifest_sha256,
-        split,
-        sources,
-        per_source_count,
-        teacher_layer,
-        state_kind,
-    )
+    request = _check_request(manifest_uri, manifest_sha256, **selection)
     return _examples(request, storage_config or StorageConfig())
 
 

@@ -3,6 +3,7 @@
 use std::io::ErrorKind;
 
 use crate::error::{io_error, NativeError};
+use crate::store::Location;
 
 /// What to do with a failed attempt.
 #[derive(Debug)]
@@ -116,8 +117,17 @@ pub fn classify_local_io(uri: &str, error: &std::io::Error) -> StoreFailure {
     if is_transient_io(error.kind()) {
         return StoreFailure::Transient(format!("{uri}: {error}"));
     }
-    let path = uri.strip_prefix("file://").unwrap_or(uri);
-    StoreFailure::Fatal(io_error("Cannot access", std::path::Path::new(path), error))
+    // The error names the file; a URI that is no file:// location (never parsed this far) is
+    // named as given.
+    let path = match Location::parse(uri, true) {
+        Ok(Location::File { path }) => path,
+        _ => uri.to_string(),
+    };
+    StoreFailure::Fatal(io_error(
+        "Cannot access",
+        std::path::Path::new(&path),
+        error,
+    ))
 }
 
 /// Generic errors carry an HTTP status in their text when the server answered at all.
