@@ -8,13 +8,21 @@ against a claim, since it does not survive a copy. Each caller words the mismatc
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
 from syvain_training_data.storage import ObjectInfo, StorageConfig, head_object
 from syvain_training_data.uris import plain_etag, portable_etag
 
-__all__ = ["HeadCheck", "Mismatch", "check_head"]
+__all__ = ["HeadCheck", "Mismatch", "check_head", "is_sha256_hex"]
+
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def is_sha256_hex(value: object) -> bool:
+    """True for a str of 64 lowercase hex digits, the one spelling of a claimed sha256."""
+    return type(value) is str and _SHA256_HEX.fullmatch(value) is not None
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from syvain_training_data.errors import PublicationConflictError
 from syvain_training_data.manifest import JsonObject, ManifestShard
+from syvain_training_data.object_check import is_sha256_hex
+from syvain_training_data.strict_json import loads_strict_json
 
 __all__ = [
     "DESCRIPTOR_SCHEMA",
@@ -29,7 +31,6 @@ _DESCRIPTOR_KEYS: Final = frozenset(
     {"curriculum_metadata", "curriculum_stage", "data_format", "schema", "sha256", "shard", "split"}
 )
 _SHARD_KEYS: Final = frozenset({"etag", "records", "size_bytes", "uri"})
-_HEX: Final = frozenset("0123456789abcdef")
 _metadata_adapter: TypeAdapter[dict[str, Any]] = TypeAdapter(JsonObject)
 
 
@@ -80,13 +81,9 @@ def validate_metadata(metadata: object) -> str | None:
 
 def loads_descriptor(data: bytes, uri: str) -> Any:
     """The JSON value of a descriptor's bytes; PublicationConflictError if they are not ASCII
-    JSON (NaN and Infinity included)."""
-
-    def reject(token: str) -> object:
-        raise ValueError(f"{token} is not JSON")
-
+    JSON, strict as a manifest's (no NaN or Infinity, no repeated key)."""
     try:
-        return json.loads(data.decode("ascii"), parse_constant=reject)
+        return loads_strict_json(data.decode("ascii"))
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
         raise PublicationConflictError(
             f"Completion descriptor {uri} is not valid ASCII JSON: {error}"
@@ -125,7 +122,7 @@ def parse_descriptor(data: bytes, descriptor_uri: str, data_format: str) -> Desc
             descriptor_uri, f"schema is {document['schema']!r}, expected {DESCRIPTOR_SCHEMA!r}"
         )
     digest = document["sha256"]
-    if not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= _HEX:
+    if not is_sha256_hex(digest):
         raise conflict(descriptor_uri, "sha256 is not 64 lowercase hex digits")
     if document["data_format"] != data_format:
         raise conflict(

@@ -29,6 +29,7 @@ from typing import Final, TypedDict, Unpack
 
 import torch
 
+from syvain_training_data.object_check import is_sha256_hex
 from syvain_training_data.representation.blocks import (
     PreparedBlocks,
     SelectedBlock,
@@ -39,7 +40,6 @@ from syvain_training_data.representation.custody import Prefetcher, Workspace
 from syvain_training_data.representation.layout import (
     SOURCES,
     SPLITS,
-    is_sha256_hex,
     publication_prefix,
 )
 from syvain_training_data.representation.publication import Pair, load_publication

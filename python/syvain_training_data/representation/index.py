@@ -27,7 +27,7 @@ from syvain_training_data.manifest import (
     canonical_manifest_bytes,
     parse_manifest,
 )
-from syvain_training_data.object_check import check_head
+from syvain_training_data.object_check import check_head, is_sha256_hex
 from syvain_training_data.representation.custody import Claim, custody_errors, integrity_error
 from syvain_training_data.representation.layout import (
     ARTIFACT_MANIFEST_NAME,
@@ -35,7 +35,6 @@ from syvain_training_data.representation.layout import (
     SOURCES,
     SPLITS,
     is_count,
-    is_sha256_hex,
 )
 from syvain_training_data.shard import iter_shard
 from syvain_training_data.storage import StorageConfig

@@ -15,7 +15,6 @@ __all__ = [
     "SOURCES",
     "SPLITS",
     "is_count",
-    "is_sha256_hex",
     "publication_prefix",
 ]
 
@@ -32,13 +31,6 @@ MANIFEST_URI_PATTERN: Final = re.compile(
     r"(?P<recipe>[0-9a-f]{64})/publication-v2/data-manifest-v1\.json"
 )
 ARTIFACT_MANIFEST_NAME: Final = "artifact-manifest-v2.json"
-
-_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
-
-
-def is_sha256_hex(value: object) -> bool:
-    """True for a str of 64 lowercase hex digits."""
-    return type(value) is str and _SHA256_HEX.fullmatch(value) is not None
 
 
 def is_count(value: object) -> bool:
