@@ -198,7 +198,7 @@ def test_foreign_file_with_large_row_groups_and_fallback_types(tmp_path):
 def test_missing_pyarrow_names_the_extra(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
-    hint = 'pip install "syvain-training-data[parquet]"'
+    hint = "pip install 'syvain-training-data[parquet]'"
     with pytest.raises(ModuleNotFoundError, match="'parquet' extra") as info:
         write_parquet_shard([{"a": 1}], tmp_path / "x.parquet")
     assert hint in str(info.value)

@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import importlib
 
+from syvain_training_data.extras import missing_extra
+
 for _module in ("numpy", "pyarrow", "safetensors", "torch"):
     try:
         importlib.import_module(_module)
     except ModuleNotFoundError as _error:
-        raise ModuleNotFoundError(
-            f"The OLMo 3 representation loader needs {_module}: install the 'representation' "
-            "extra (numpy, pyarrow, safetensors, torch) with "
-            "pip install 'syvain-training-data[representation]'",
-            name=_error.name,
+        raise missing_extra(
+            f"The OLMo 3 representation loader needs {_module}", "representation", _error
         ) from _error
 
 from syvain_training_data.errors import RepresentationIntegrityError  # noqa: E402

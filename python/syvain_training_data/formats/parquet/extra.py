@@ -3,12 +3,9 @@ written or read."""
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any
 
-INSTALL_HINT: Final = (
-    "Parquet shards need pyarrow, which the 'parquet' extra installs: "
-    'pip install "syvain-training-data[parquet]"'
-)
+from syvain_training_data.extras import missing_extra
 
 
 def pyarrow_modules() -> tuple[Any, Any]:
@@ -18,5 +15,5 @@ def pyarrow_modules() -> tuple[Any, Any]:
         import pyarrow.compute
         import pyarrow.parquet
     except ModuleNotFoundError as error:
-        raise ModuleNotFoundError(INSTALL_HINT, name="pyarrow") from error
+        raise missing_extra("Parquet shards need pyarrow", "parquet", error) from error
     return pyarrow, pyarrow.parquet
