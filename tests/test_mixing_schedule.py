@@ -303,8 +303,8 @@ def test_a_one_entry_schedule_is_mixing_weights(staged):
         loader = client.split_data_loader(uri, None)
         by_w = loader.load_tokens("train", seq_len=4, mixing_weights=weights, mixing_stop=stop)
         by_s = loader.load_tokens("train", seq_len=4, mixing_schedule=one, mixing_stop=stop)
-        assert by_w.dataset.selection.schedule is None
-        assert by_w.dataset.selection == dataclasses.replace(by_s.dataset.selection, schedule=None)
+        assert by_w.dataset.read_plan.schedule is None
+        assert by_w.dataset.read_plan == dataclasses.replace(by_s.dataset.read_plan, schedule=None)
         assert state["selection"] == by_w.dataset.fingerprint() != by_s.dataset.fingerprint()
         rest_w, _ = run(client, uri, 2, 0, 3, state=state, mixing_weights=weights, mixing_stop=stop)
         rest_s, _ = run(client, uri, 2, 0, 3, state=state, mixing_schedule=one, mixing_stop=stop)

@@ -10,7 +10,6 @@ bounds every field before using it (:mod:`~syvain_training_data.loading.state`).
 
 from __future__ import annotations
 
-import json
 import time
 import weakref
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ from syvain_training_data.loading import state as checks
 from syvain_training_data.loading.dataset import ShardDataset
 from syvain_training_data.loading.stats import ConsumerSlots, LoaderStats, StatsClock
 
-__all__ = ["EpochLoader", "SyvainDataLoader", "endless"]
+__all__ = ["EpochLoader", "RecordDataLoader", "endless"]
 
 STATE_VERSION = 2
 # Interrupted runs of distinct topologies one state can name (consecutive runs on one topology
@@ -122,7 +121,7 @@ class EpochLoader[InterruptT](DataLoader[Any]):
         return self._stats.snapshot()
 
 
-class SyvainDataLoader(EpochLoader[plan.Interrupt]):
+class RecordDataLoader(EpochLoader[plan.Interrupt]):
     """A torch DataLoader over a :class:`ShardDataset`. Each pass is the next epoch;
     ``state_dict`` / ``load_state_dict`` follow torchdata's protocol and resume on any number
     of ranks and workers and any batch size."""
@@ -170,7 +169,7 @@ class SyvainDataLoader(EpochLoader[plan.Interrupt]):
             )
         return {
             "version": STATE_VERSION,
-            "selection": self.dataset.selection.fingerprint(),
+            "selection": self.dataset.read_plan.fingerprint(),
             "epoch": epoch,
             "interrupts": [interrupt.to_json() for interrupt in interrupts],
         }
@@ -192,7 +191,7 @@ class SyvainDataLoader(EpochLoader[plan.Interrupt]):
                 raise ValueError(f"This is a {kind} loader state, not a record loader's")
             raise ValueError(f"Not a record loader's state (kind {checks.describe(kind)})")
         selection = checks.string(checks.field(state, "selection"), "selection")
-        if selection != self.dataset.selection.fingerprint():
+        if selection != self.dataset.read_plan.fingerprint():
             raise ValueError(
                 "This loader state was saved for another selection, seed, shuffle or mixing"
             )
@@ -226,8 +225,3 @@ def endless(loader: DataLoader[Any], split: str) -> Iterator[Any]:
             yield batch
         if not produced:
             raise RuntimeError(f"{split} split produced no batches")
-
-
-def state_size(state: dict[str, Any]) -> int:
-    """Bytes of ``state`` as compact JSON (SPEC: at most 4 KiB)."""
-    return len(json.dumps(state, separators=(",", ":")))

@@ -74,7 +74,7 @@ class ShardDataset(IterableDataset[Any]):
         self,
         data_format: DataManifestDataFormat,
         table: ShardTable,
-        selection: plan.Selection,
+        read_plan: plan.ReadPlan,
         stream_shards: Sequence[Sequence[int]],
         *,
         storage_config: StorageConfig,
@@ -85,7 +85,7 @@ class ShardDataset(IterableDataset[Any]):
     ) -> None:
         self.data_format = data_format
         self.table = table
-        self.selection = selection
+        self.read_plan = read_plan
         self.stream_shards = tuple(tuple(ids) for ids in stream_shards)
         self.storage_config = storage_config
         self.rank = rank
@@ -134,8 +134,8 @@ class ShardDataset(IterableDataset[Any]):
         if problem is not None:
             raise ValueError(f"Invalid loader state: interrupts {problem}")
         if interrupts:
-            records = sum(self.selection.totals())
-            length = plan.epoch_length(self.selection, epoch)
+            records = sum(self.read_plan.totals())
+            length = plan.epoch_length(self.read_plan, epoch)
             for index, interrupt in enumerate(interrupts):
                 interrupt.topology.check_workers(records, f"interrupts[{index}]")
                 checks.integer(interrupt.batches, f"interrupts[{index}][4] (batches)", 0, length)
@@ -143,14 +143,14 @@ class ShardDataset(IterableDataset[Any]):
 
     def left_in_epoch(self, workers: int, epoch: int, interrupts: Sequence[plan.Interrupt]) -> int:
         """Records all ranks read in a pass of ``epoch`` after ``interrupts``."""
-        length = plan.epoch_length(self.selection, epoch)
-        return record_plan.left_in_epoch(self.selection, length, interrupts, self.topology(workers))
+        length = plan.epoch_length(self.read_plan, epoch)
+        return record_plan.left_in_epoch(self.read_plan, length, interrupts, self.topology(workers))
 
     def rank_batches(self, workers: int, epoch: int, interrupts: Sequence[plan.Interrupt]) -> int:
         """Batches this rank yields in a pass of ``epoch`` after ``interrupts``."""
-        length = plan.epoch_length(self.selection, epoch)
+        length = plan.epoch_length(self.read_plan, epoch)
         topology = self.topology(workers)
-        return record_plan.rank_batches(self.selection, length, interrupts, topology, self.rank)
+        return record_plan.rank_batches(self.read_plan, length, interrupts, topology, self.rank)
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
@@ -170,13 +170,13 @@ class ShardDataset(IterableDataset[Any]):
         self, progress: dict[str, Any], worker: int, workers: int, skip: int
     ) -> Iterator[Any]:
         epoch, interrupts = progress["epoch"], progress["interrupts"]
-        length = plan.epoch_length(self.selection, epoch)
+        length = plan.epoch_length(self.read_plan, epoch)
         part = record_plan.consumer_part(
-            self.selection, length, interrupts, self.topology(workers), self.rank, worker
+            self.read_plan, length, interrupts, self.topology(workers), self.rank, worker
         )
         intervals = plan.Level(part).slice(skip, length)
-        orders = self.selection.orders(epoch)
-        mixed = self.selection.mixed(epoch)
+        orders = self.read_plan.orders(epoch)
+        mixed = self.read_plan.mixed(epoch)
         counters = self.counters.consumer(worker, progress["yielded"])
         indexes = self.new_indexes()
         records = consumer_records(
@@ -198,7 +198,7 @@ class ShardDataset(IterableDataset[Any]):
     def new_indexes(self) -> ShardIndexes | None:
         """A pass's cache of shard indexes (made in the process that reads), when the
         selection's shards have them."""
-        return ShardIndexes(self.storage_config) if self.selection.indexed else None
+        return ShardIndexes(self.storage_config) if self.read_plan.indexed else None
 
     def range_segment(
         self, shard: ManifestShard, start: int, stop: int, indexes: ShardIndexes | None
@@ -213,19 +213,19 @@ class ShardDataset(IterableDataset[Any]):
     def read_batch(self) -> int:
         """Records decoded at a time per range read: a seeded worker reads a window's blocks
         at once, so it holds a window's worth of these."""
-        return BLOCK_READ_RECORDS if self.selection.seed is not None else BATCH_RECORDS
+        return BLOCK_READ_RECORDS if self.read_plan.seed is not None else BATCH_RECORDS
 
     @property
     def batch_rows(self) -> int:
         """Rows per Arrow batch of a columnar range read (``columns=``, tokens), as
         ``read_batch`` for records."""
-        return BLOCK_READ_RECORDS if self.selection.seed is not None else BATCH_ROWS
+        return BLOCK_READ_RECORDS if self.read_plan.seed is not None else BATCH_ROWS
 
     @property
     def readahead(self) -> int | None:
         """Bytes each range read fetches ahead: a block's worth when a window's blocks are read
         at once (the store's default, 8 MiB, for one read at a time)."""
-        return BLOCK_READAHEAD_BYTES if self.selection.seed is not None else None
+        return BLOCK_READAHEAD_BYTES if self.read_plan.seed is not None else None
 
     def _open(self, shard_range: ShardRange, indexes: ShardIndexes | None) -> Iterator[Any]:
         table_index, start, stop = shard_range
@@ -258,7 +258,7 @@ class ShardDataset(IterableDataset[Any]):
             return {"version": _WORKER_STATE_VERSION, "epoch": self.epoch, "started": False}
         return {
             "version": _WORKER_STATE_VERSION,
-            "selection": self.selection.fingerprint(),
+            "selection": self.read_plan.fingerprint(),
             "epoch": progress["epoch"],
             "interrupts": [i.to_json() for i in progress["interrupts"]],
             "yielded": progress["yielded"],
@@ -285,10 +285,10 @@ class ShardDataset(IterableDataset[Any]):
             self.epoch = epoch
             return
         selection = checks.string(checks.field(state, "selection"), "selection")
-        if selection != self.selection.fingerprint():
+        if selection != self.read_plan.fingerprint():
             raise ValueError("This loader state was saved for another selection or seed")
         interrupts = self.interrupts_from_json(checks.field(state, "interrupts"), epoch)
-        length = plan.epoch_length(self.selection, epoch)
+        length = plan.epoch_length(self.read_plan, epoch)
         yielded = checks.integer(checks.field(state, "yielded"), "yielded", 0, length)
         self._progress = None
         self._skip = {"epoch": epoch, "interrupts": interrupts, "yielded": yielded}

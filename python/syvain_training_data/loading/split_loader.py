@@ -23,11 +23,11 @@ except ModuleNotFoundError as error:  # pragma: no cover - exercised without the
 from syvain_training_data.formats.shard_index import block_records
 from syvain_training_data.loading import arguments, mixing, plan
 from syvain_training_data.loading import schedule as schedules
-from syvain_training_data.loading.dataloader import SyvainDataLoader, endless
+from syvain_training_data.loading.columns import ColumnDataLoader, ColumnDataset, TensorCollate
+from syvain_training_data.loading.dataloader import RecordDataLoader, endless
 from syvain_training_data.loading.dataset import ShardDataset, ShardTable, stream_tables
 from syvain_training_data.loading.selection import select_shards
 from syvain_training_data.loading.shard_indexes import has_index
-from syvain_training_data.loading.tensors import ColumnDataLoader, ColumnDataset, TensorCollate
 from syvain_training_data.manifest import DataManifest, ManifestShard
 from syvain_training_data.storage import StorageConfig
 from syvain_training_data.uris import check_shard_scheme
@@ -143,7 +143,7 @@ class SplitDataLoader:
         mixing_schedule: object = None,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The dataset's arguments (all but ``batch_size`` and ``drop_last``: the format,
-        shard table, selection, per stream its shards, storage, rank and world_size) and the
+        shard table, read plan, per stream its shards, storage, rank and world_size) and the
         DataLoader's of a ``load`` call; raises its ValueErrors."""
         pairs = None
         if mixing_schedule is not None:
@@ -196,7 +196,7 @@ class SplitDataLoader:
             )
         table, stream_shards, counts = stream_tables(shards, groups)
         indexed = self._has_indexes(shards)
-        selection = plan.Selection(
+        read_plan = plan.ReadPlan(
             streams=counts,
             weights=weights,
             mix_stop=mixing_stop,
@@ -220,7 +220,7 @@ class SplitDataLoader:
         planned = {
             "data_format": self.manifest.data_format,
             "table": table,
-            "selection": selection,
+            "read_plan": read_plan,
             "stream_shards": stream_shards,
             "storage_config": self.storage_config,
             "rank": rank,
@@ -339,7 +339,7 @@ class SplitDataLoader:
                 drop_last=bool(args.pop("drop_last", False)),
                 collate=collate,
             )
-            loader: SyvainDataLoader = ColumnDataLoader(
+            loader: RecordDataLoader = ColumnDataLoader(
                 columns_dataset, log_stats_every=log_stats_every, **args
             )
         else:
@@ -350,7 +350,7 @@ class SplitDataLoader:
                 batch_size=1 if batch_size is None else batch_size,
                 drop_last=drop_last,
             )
-            loader = SyvainDataLoader(
+            loader = RecordDataLoader(
                 dataset, collate_fn=self.collate_fn, log_stats_every=log_stats_every, **args
             )
         if infinite_iter:
