@@ -59,13 +59,7 @@ class EpochLoader[InterruptT](DataLoader[Any]):
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch of the next pass (a pending resume is dropped)."""
-        if (
-            isinstance(epoch, bool)
-            or not isinstance(epoch, int)
-            or not 0 <= epoch <= checks.MAX_COUNT
-        ):
-            raise ValueError(f"epoch must be a non-negative int below 2**63, got {epoch!r}")
-        self._next_epoch, self._resume = epoch, ()
+        self._next_epoch, self._resume = checks.epoch(epoch), ()
 
     def _begin_pass(self) -> tuple[int, tuple[InterruptT, ...]]:
         """Takes the next pass's epoch and the runs it resumes after; the caller hands them to
@@ -195,7 +189,7 @@ class RecordDataLoader(EpochLoader[plan.Interrupt]):
             raise ValueError(
                 "This loader state was saved for another selection, seed, shuffle or mixing"
             )
-        epoch = checks.integer(checks.field(state, "epoch"), "epoch")
+        epoch = checks.epoch_of(state)
         interrupts = self.dataset.interrupts_from_json(checks.field(state, "interrupts"), epoch)
         # Runs on one topology at the end are one run (states of earlier versions kept an
         # entry per run): exact, as no run has been laid out after them yet.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
@@ -23,7 +24,7 @@ from syvain_training_data.manifest import DataManifestDataFormat, ManifestShard
 from syvain_training_data.shard import BATCH_RECORDS, BATCH_ROWS, iter_shard, read_records
 from syvain_training_data.storage import StorageConfig
 
-__all__ = ["ShardDataset", "ShardTable"]
+__all__ = ["DatasetPlan", "ShardDataset", "ShardTable"]
 
 _WORKER_STATE_VERSION = 2
 # Records decoded at a time per block read of a seeded pass (64 blocks at once).
@@ -61,6 +62,21 @@ class ShardTable:
         return digest.hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class DatasetPlan:
+    """What every dataset of a ``load`` or ``load_tokens`` call reads and how: the shard format,
+    the selected shards (``table``), their read plan, per stream its shards (indices in the
+    table), the storage, and this process's rank of ``world_size``."""
+
+    data_format: DataManifestDataFormat
+    table: ShardTable
+    read_plan: plan.ReadPlan
+    stream_shards: tuple[tuple[int, ...], ...]
+    storage_config: StorageConfig
+    rank: int
+    world_size: int
+
+
 class ShardDataset(IterableDataset[Any]):
     """An IterableDataset over a selection, split by rank and worker (SPEC section 6).
 
@@ -70,26 +86,14 @@ class ShardDataset(IterableDataset[Any]):
     worker, for a StatefulDataLoader built around it with an unchanged topology.
     """
 
-    def __init__(
-        self,
-        data_format: DataManifestDataFormat,
-        table: ShardTable,
-        read_plan: plan.ReadPlan,
-        stream_shards: Sequence[Sequence[int]],
-        *,
-        storage_config: StorageConfig,
-        rank: int,
-        world_size: int,
-        batch_size: int,
-        drop_last: bool,
-    ) -> None:
-        self.data_format = data_format
-        self.table = table
-        self.read_plan = read_plan
-        self.stream_shards = tuple(tuple(ids) for ids in stream_shards)
-        self.storage_config = storage_config
-        self.rank = rank
-        self.world_size = world_size
+    def __init__(self, planned: DatasetPlan, *, batch_size: int, drop_last: bool) -> None:
+        self.data_format = planned.data_format
+        self.table = planned.table
+        self.read_plan = planned.read_plan
+        self.stream_shards = planned.stream_shards
+        self.storage_config = planned.storage_config
+        self.rank = planned.rank
+        self.world_size = planned.world_size
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.epoch = 0
@@ -106,13 +110,7 @@ class ShardDataset(IterableDataset[Any]):
 
     def set_epoch(self, epoch: int) -> None:
         """Chooses the epoch of the next pass (it seeds the shard and record order)."""
-        if (
-            isinstance(epoch, bool)
-            or not isinstance(epoch, int)
-            or not 0 <= epoch <= checks.MAX_COUNT
-        ):
-            raise ValueError(f"epoch must be a non-negative int below 2**63, got {epoch!r}")
-        self.epoch = epoch
+        self.epoch = checks.epoch(epoch)
 
     def topology(self, workers: int) -> plan.Topology:
         return plan.Topology(self.world_size, max(workers, 1), self.batch_size, self.drop_last)
@@ -279,7 +277,7 @@ class ShardDataset(IterableDataset[Any]):
             raise ValueError(
                 f"Invalid loader state: started must be a bool, got {checks.describe(started)}"
             )
-        epoch = checks.integer(checks.field(state, "epoch"), "epoch")
+        epoch = checks.epoch_of(state)
         if not started:
             self._progress = self._skip = None
             self.epoch = epoch

@@ -146,9 +146,8 @@ class Interrupt:
 
         A run on the interrupted run's topology continues it exactly (``_continued``: each
         worker takes one old worker's rest, rotated to the worker whose turn was next), so the
-        two leave what one run stopped after both runs' batches leaves
-        (tests/test_loading_plan.py checks it, drop_last, equal batches, mixing and ranks of
-        unequal batch counts included)."""
+        two leave what one run stopped after both runs' batches leaves (drop_last, equal
+        batches, mixing and ranks of unequal batch counts included)."""
         if later.topology != self.topology:
             raise ValueError("Only runs on one topology merge")
         return Interrupt(self.topology, self.batches + later.batches)

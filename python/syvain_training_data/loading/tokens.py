@@ -326,8 +326,7 @@ class TokenDataLoader(EpochLoader[token_plan.TokenInterrupt]):
             positions, turn = token_plan.token_rank_then(
                 earlier.positions[rank], earlier.turns[rank], positions, turn
             )
-        flat = [value for position in positions for value in position]
-        return [self.dataset.rank, turn, int(progress["finished"]), *flat]
+        return token_plan.rank_json(self.dataset.rank, positions, turn, progress["finished"])
 
     def state_dict(self) -> dict[str, Any]:
         """Plain JSON data: the epoch and, for each interrupted run of it, its topology and per
@@ -346,7 +345,7 @@ class TokenDataLoader(EpochLoader[token_plan.TokenInterrupt]):
             "selection": self.dataset.fingerprint(),
         }
         if progress is None:
-            interrupts = [token_state.interrupt_json(i) for i in self._resume]
+            interrupts = [i.to_json() for i in self._resume]
             segments = self._segments if self._resume else None
             scheduled = schedules.state_fields(read_plan, self._next_epoch, segments)
             return {**state, **scheduled, "epoch": self._next_epoch, "interrupts": interrupts}
@@ -365,7 +364,7 @@ class TokenDataLoader(EpochLoader[token_plan.TokenInterrupt]):
         entries = token_state.gather_entries(
             self._rank_entry(progress, earlier), topology.world_size
         )
-        interrupts = [token_state.interrupt_json(i) for i in before]
+        interrupts = [i.to_json() for i in before]
         return {
             **state,
             **schedules.state_fields(
@@ -422,7 +421,7 @@ class TokenDataLoader(EpochLoader[token_plan.TokenInterrupt]):
                 "This loader state was saved for another selection, seed, shuffle, mixing, "
                 "token column or eos_id"
             )
-        epoch = checks.integer(checks.field(state, "epoch"), "epoch")
+        epoch = checks.epoch_of(state)
         records = sum(self.dataset.read_plan.totals())
         schedule = self.dataset.read_plan.schedule
         old, segments, boundaries = None, None, None
