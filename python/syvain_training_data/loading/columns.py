@@ -28,7 +28,6 @@ from syvain_training_data.loading.list_columns import int_lists
 from syvain_training_data.loading.reader import ShardRange
 from syvain_training_data.loading.shard_indexes import ShardIndexes
 from syvain_training_data.loading.transfer import BatchRing, for_transfer
-from syvain_training_data.shard import iter_shard_batches
 
 __all__ = ["ColumnDataLoader", "ColumnDataset", "TensorCollate", "lengths_key"]
 
@@ -72,17 +71,7 @@ class ColumnDataset(ShardDataset):
     ) -> Iterator[dict[str, Any]]:
         table_index, start, stop = shard_range
         shard = self.table.shard(table_index)
-        batches = iter_shard_batches(
-            self.data_format,
-            shard,
-            columns=self.columns,
-            storage_config=self.storage_config,
-            batch_size=self.batch_rows,
-            start=start,
-            stop=stop,
-            index=self.range_segment(shard, start, stop, indexes),
-            readahead_bytes=self.readahead,
-        )
+        batches = self.column_batches(shard, start, stop, indexes, self.columns)
         for batch in batches:
             yield from _batch_records(batch, self.columns)
 

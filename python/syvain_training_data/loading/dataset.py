@@ -21,7 +21,13 @@ from syvain_training_data.loading.reader import ShardRange, consumer_records
 from syvain_training_data.loading.shard_indexes import ShardIndexes
 from syvain_training_data.loading.stats import PUBLISH_MASK, ConsumerSlots
 from syvain_training_data.manifest import DataManifestDataFormat, ManifestShard
-from syvain_training_data.shard import BATCH_RECORDS, BATCH_ROWS, iter_shard, read_records
+from syvain_training_data.shard import (
+    BATCH_RECORDS,
+    BATCH_ROWS,
+    iter_shard,
+    iter_shard_batches,
+    read_records,
+)
 from syvain_training_data.storage import StorageConfig
 
 __all__ = ["DatasetPlan", "ShardDataset", "ShardTable"]
@@ -213,11 +219,28 @@ class ShardDataset(IterableDataset[Any]):
         at once, so it holds a window's worth of these."""
         return BLOCK_READ_RECORDS if self.read_plan.seed is not None else BATCH_RECORDS
 
-    @property
-    def batch_rows(self) -> int:
-        """Rows per Arrow batch of a columnar range read (``columns=``, tokens), as
-        ``read_batch`` for records."""
-        return BLOCK_READ_RECORDS if self.read_plan.seed is not None else BATCH_ROWS
+    def column_batches(
+        self,
+        shard: ManifestShard,
+        start: int,
+        stop: int,
+        indexes: ShardIndexes | None,
+        columns: Sequence[str],
+    ) -> Iterator[Any]:
+        """The Arrow batches of ``columns`` of records [start, stop) of ``shard`` (the
+        ``columns=`` and token loaders' range read): rows per batch as ``read_batch`` for
+        records, read ahead as :attr:`readahead`."""
+        return iter_shard_batches(
+            self.data_format,
+            shard,
+            columns=columns,
+            storage_config=self.storage_config,
+            batch_size=BLOCK_READ_RECORDS if self.read_plan.seed is not None else BATCH_ROWS,
+            start=start,
+            stop=stop,
+            index=self.range_segment(shard, start, stop, indexes),
+            readahead_bytes=self.readahead,
+        )
 
     @property
     def readahead(self) -> int | None:

@@ -53,7 +53,6 @@ from syvain_training_data.loading.shard_indexes import ShardIndexes
 from syvain_training_data.loading.stats import PUBLISH_MASK
 from syvain_training_data.loading.token_state import merge_token_states
 from syvain_training_data.loading.transfer import BatchRing, for_transfer
-from syvain_training_data.shard import iter_shard_batches
 
 __all__ = ["TokenDataLoader", "TokenDataset", "merge_token_states"]
 
@@ -194,17 +193,7 @@ class TokenDataset(ShardDataset):
         table_index, start, stop = shard_range
         shard = self.table.shard(table_index)
         columns = [self.column] if self.mask_column is None else [self.column, self.mask_column]
-        batches = iter_shard_batches(
-            self.data_format,
-            shard,
-            columns=columns,
-            storage_config=self.storage_config,
-            batch_size=self.batch_rows,
-            start=start,
-            stop=stop,
-            index=self.range_segment(shard, start, stop, indexes),
-            readahead_bytes=self.readahead,
-        )
+        batches = self.column_batches(shard, start, stop, indexes, columns)
         record = start
         for batch in batches:
             offsets, values = self._int_lists(batch, shard.uri)
