@@ -1,12 +1,17 @@
-"""What the loading tests share: a client of the test S3 server, and datasets published shard by
-shard into split ``train``."""
+"""What the loading tests share: a client of the test S3 server, datasets published shard by
+shard into split ``train`` (and the record loader's staged one), and topologies to draw."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hypothesis import strategies as st
+
 from syvain_training_data import SyvainTrainingData
+from syvain_training_data.loading import plan
 
 
 def s3_client(server: Any, endpoint: str | None = None) -> SyvainTrainingData:
@@ -93,3 +98,20 @@ def keys(batches) -> list[tuple[int, int]]:
 
 def records_of(batches) -> list[Any]:
     return [record for batch in batches for record in batch]
+
+
+def topologies(world_size: int, workers: int, batch_size: int) -> st.SearchStrategy[plan.Topology]:
+    """Loader topologies of at most these ranks, workers per rank and batch size."""
+    return st.builds(
+        plan.Topology,
+        world_size=st.integers(1, world_size),
+        workers=st.integers(1, workers),
+        batch_size=st.integers(1, batch_size),
+        drop_last=st.booleans(),
+    )
+
+
+def run_python(*lines: str) -> None:
+    """Runs ``lines`` as a program in a fresh interpreter (nothing imported yet); a failed
+    assertion there fails the test."""
+    subprocess.run([sys.executable, "-c", "\n".join(lines)], check=True)

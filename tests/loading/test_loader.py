@@ -22,6 +22,7 @@ from loader_data import (  # noqa: E402
     keys,
     make_dataset,
     records_of,
+    run_python,
     s3_client,
 )
 from torch.utils.data import get_worker_info  # noqa: E402
@@ -43,12 +44,13 @@ def tag_worker(batch: list[Any]) -> tuple[int, list[Any]]:
 
 
 def test_lazy_export_keeps_torch_out_of_base_import():
-    code = (
-        "import sys, syvain_training_data as p; assert 'torch' not in sys.modules; "
-        "from syvain_training_data import SplitDataLoader; assert 'torch' in sys.modules; "
-        "assert SplitDataLoader.__module__ == 'syvain_training_data.loading.split_loader'"
+    run_python(
+        "import sys, syvain_training_data as p",
+        "assert 'torch' not in sys.modules",
+        "from syvain_training_data import SplitDataLoader",
+        "assert 'torch' in sys.modules",
+        "assert SplitDataLoader.__module__ == 'syvain_training_data.loading.split_loader'",
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_split_and_stage_errors(local_dataset):
@@ -417,16 +419,15 @@ def test_resume_after_a_finished_pass_starts_the_next_epoch(local_dataset):
 
 
 def test_without_torch_the_error_names_the_extra():
-    code = (
-        "import sys; sys.modules['torch'] = None\n"
-        "try:\n"
-        "    from syvain_training_data import SplitDataLoader\n"
-        "except ModuleNotFoundError as error:\n"
-        "    assert \"pip install 'syvain-training-data[torch]'\" in str(error), error\n"
-        "else:\n"
-        "    raise SystemExit('no error')\n"
+    run_python(
+        "import sys; sys.modules['torch'] = None",
+        "try:",
+        "    from syvain_training_data import SplitDataLoader",
+        "except ModuleNotFoundError as error:",
+        "    assert \"pip install 'syvain-training-data[torch]'\" in str(error), error",
+        "else:",
+        "    raise SystemExit('no error')",
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_an_s3_manifest_cannot_point_the_loader_at_local_files(seaweed, s3_bucket, tmp_path):

@@ -13,6 +13,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+from loader_data import publish_shards, s3_client  # noqa: E402
+
 from syvain_training_data import SyvainTrainingData  # noqa: E402
 
 SHARDS = {"msgpack.zstf": [37, 5, 61, 18, 44], "jsonl.gz": [23, 71, 9, 50]}
@@ -24,14 +26,12 @@ def record_ids(batch: list[Any]) -> list[str]:
 
 def make_dataset(client: SyvainTrainingData, root: str, data_format: str) -> tuple[str, set[str]]:
     uri = f"{root}/{data_format}/data-manifest.json"
-    saver = client.dataset_saver(uri, data_format=data_format)
-    ids = set()
-    for shard, count in enumerate(SHARDS[data_format]):
-        records = [{"id": f"{shard}-{i}", "text": "x" * (i % 13)} for i in range(count)]
-        ids.update(r["id"] for r in records)
-        saver.save("train", None, records, shard_id=f"{shard:03d}")
-    saver.commit_manifest()
-    return uri, ids
+    shards = [
+        [{"id": f"{shard}-{i}", "text": "x" * (i % 13)} for i in range(count)]
+        for shard, count in enumerate(SHARDS[data_format])
+    ]
+    ids = {record["id"] for records in shards for record in records}
+    return publish_shards(client, uri, data_format, shards), ids
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +43,7 @@ def local_sets(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def s3_sets(seaweed, s3_bucket):
-    client = SyvainTrainingData(
-        s3_base_url=seaweed.endpoint,
-        region=seaweed.region,
-        access_key_id=seaweed.access_key_id,
-        secret_access_key=seaweed.secret_access_key,
-    )
+    client = s3_client(seaweed)
     root = f"s3://{s3_bucket}/resume-{uuid.uuid4().hex}"
     return client, {fmt: make_dataset(client, root, fmt) for fmt in SHARDS}
 

@@ -4,35 +4,22 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from loader_data import run_python, topologies
 
 from syvain_training_data.loading import block_order, mixing, plan, record_plan
 from syvain_training_data.loading.block_order import BlockOrder, window_counts
 
 counts_strategy = st.lists(st.integers(1, 60), min_size=1, max_size=12)
-topology_strategy = st.builds(
-    plan.Topology,
-    world_size=st.integers(1, 128),
-    workers=st.integers(1, 17),
-    batch_size=st.integers(1, 64),
-    drop_last=st.booleans(),
-)
+topology_strategy = topologies(128, 17, 64)
 
 
 # Resume chains recompute each consumer's part alone, as a worker does: smaller topologies.
-small_topology = st.builds(
-    plan.Topology,
-    world_size=st.integers(1, 12),
-    workers=st.integers(1, 5),
-    batch_size=st.integers(1, 16),
-    drop_last=st.booleans(),
-)
+small_topology = topologies(12, 5, 16)
 
 
 def epoch_positions(read_plan: plan.ReadPlan, epoch: int) -> list[tuple[int, int]]:
@@ -240,12 +227,11 @@ def test_a_state_names_a_few_integers():
 
 
 def test_the_plan_imports_without_torch():
-    code = (
-        "import sys; sys.modules['torch'] = None\n"
-        "from syvain_training_data.loading import plan\n"
-        "assert plan.split_evenly(10, 3, 1) == (3, 6)\n"
+    run_python(
+        "import sys; sys.modules['torch'] = None",
+        "from syvain_training_data.loading import plan",
+        "assert plan.split_evenly(10, 3, 1) == (3, 6)",
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_one_shard_feeds_64_ranks_of_8_workers():

@@ -11,6 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from loader_data import s3_client  # noqa: E402
+
 from fault_proxy import FaultProxy, reset_after, status  # noqa: E402
 from syvain_training_data import SyvainTrainingData  # noqa: E402
 from syvain_training_data._native import StreamCounters  # noqa: E402
@@ -31,15 +33,6 @@ def publish(client: SyvainTrainingData, manifest_uri: str) -> None:
         records = ({"shard": shard, "i": i, "text": "x" * 40} for i in range(SHARD_RECORDS))
         saver.save("train", None, records, shard_id=f"{shard:03d}")
     saver.commit_manifest()
-
-
-def s3_client(seaweed: Any, endpoint: str | None = None) -> SyvainTrainingData:
-    return SyvainTrainingData(
-        s3_base_url=endpoint or seaweed.endpoint,
-        region=seaweed.region,
-        access_key_id=seaweed.access_key_id,
-        secret_access_key=seaweed.secret_access_key,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from hypothesis import strategies as st
-from loader_data import publish_shards
+from loader_data import publish_shards, topologies
 
 from syvain_training_data import SyvainTrainingData
-from syvain_training_data.loading import plan, token_plan
+from syvain_training_data.loading import token_plan
 from syvain_training_data.loading.packing import TokenPacker
 from syvain_training_data.loading.tokens import merge_token_states
 
@@ -102,13 +101,7 @@ def simulate_run(lengths, interrupts, topology, seq_len, taken_per_rank, boundar
     return tokens, interrupt, streams
 
 
-token_topology = st.builds(
-    plan.Topology,
-    world_size=st.integers(1, 6),
-    workers=st.integers(1, 4),
-    batch_size=st.integers(1, 4),
-    drop_last=st.booleans(),
-)
+token_topology = topologies(6, 4, 4)
 
 
 def run_ranks(
