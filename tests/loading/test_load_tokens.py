@@ -16,13 +16,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from loader_data import s3_client  # noqa: E402
-
-from syvain_training_data import SyvainTrainingData  # noqa: E402
-from syvain_training_data.loading.tokens import merge_token_states  # noqa: E402
 from token_runs import (  # noqa: E402
+    FORMATS,
     make_token_dataset,
     run_ranks,
 )
+
+from syvain_training_data import SyvainTrainingData  # noqa: E402
+from syvain_training_data.loading.tokens import merge_token_states  # noqa: E402
 
 
 def run(client, uri, ranks, workers, batch, seq_len, stop_after=None, *, state=None, **load):
@@ -42,6 +43,8 @@ def assert_exactly_once(tokens: list[int], documents: list[list[int]], most_lost
     assert total - len(counts) <= most_lost
 
 
+@pytest.mark.parametrize("data_format", FORMATS)
+@pytest.mark.parametrize("ranks,workers", [(1, 0), (2, 2), (3, 1)])
 def test_blocks_are_record_tokens_in_epoch_order(token_sets, data_format, ranks, workers):
     client, (uri, documents) = token_sets[0], token_sets[1][data_format]
     seq_len, batch = 16, 3
@@ -222,11 +225,9 @@ def test_mixing_and_infinite_iter(tmp_path):
     assert firsts[30].tolist() == firsts[0].tolist()  # 30 batches per epoch, then epoch 1
 
 
-def test_resume_over_seaweedfs_with_spawned_workers(seaweed, s3_bucket, monkeypatch):
-    client = s3_client(seaweed)
+def test_resume_over_seaweedfs_with_spawned_workers(s3_env, s3_bucket):
     # Spawned workers build their storage from the environment (no secret is pickled).
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", seaweed.access_key_id)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", seaweed.secret_access_key)
+    client = s3_client(s3_env)
     uri, documents = make_token_dataset(
         client, f"s3://{s3_bucket}/tokens-{uuid.uuid4().hex}", "jsonl.gz"
     )
@@ -279,6 +280,7 @@ def test_a_gloo_group_gathers_every_rank_position(token_sets, tmp_path):
     assert_exactly_once(first + tokens_of(rest), documents, 5 * 7)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
 def test_resumes_on_one_topology_keep_one_entry(token_sets, workers):
     """A token run stopped after one batch per rank and resumed on its topology, again and
     again (with 0 workers past the end of the rank with fewer batches, token counts making

@@ -96,10 +96,9 @@ def test_resume_on_another_topology_yields_the_rest_exactly_once(
     assert Counter(first + rest) == Counter(ids)
 
 
-def test_resume_over_seaweedfs_with_spawned_workers(s3_sets, seaweed, monkeypatch):
+def test_resume_over_seaweedfs_with_spawned_workers(s3_sets, s3_env):
+    # Spawned workers take the secret from the environment (s3_env).
     client, sets = s3_sets
-    for name, value in seaweed.env().items():  # spawned workers take the secret from here
-        monkeypatch.setenv(name, value)
     uri, ids = sets["msgpack.zstf"]
     first, state = run(client, uri, 2, 2, 4, 5, context="spawn", seed=3)
     rest, _ = run(client, uri, 3, 2, 6, None, state=state, context="spawn", seed=3)

@@ -144,12 +144,10 @@ def test_a_dropped_connection_is_counted_as_a_connection_retry(
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_workers_retries_are_summed_in_the_main_process(
-    seaweed, s3_dataset, fault_proxy: FaultProxy, monkeypatch, context
+    s3_env, s3_dataset, fault_proxy: FaultProxy, context
 ):
     _, uri = s3_dataset
-    for name, value in seaweed.env().items():
-        monkeypatch.setenv(name, value)
-    client = s3_client(seaweed, fault_proxy.endpoint)
+    client = s3_client(s3_env, fault_proxy.endpoint)
     args = {"batch_size": BATCH, "num_workers": 2, "multiprocessing_context": context}
     loader = client.split_data_loader(uri, as_list, args).load("train")
     fault_proxy.script(
