@@ -25,7 +25,6 @@ import psutil
 from syvain_training_data import SyvainTrainingData
 from syvain_training_data.formats.shard_index import block_records
 from syvain_training_data.loading import plan, record_plan
-from syvain_training_data.loading.dataloader import state_size
 
 
 def plan_case() -> None:
@@ -40,15 +39,15 @@ def plan_case() -> None:
     for name, chain in (("fresh", ()), ("after 2 interrupted runs", interrupts)):
         tracemalloc.start()
         start = time.perf_counter()
-        selection = plan.Selection(
+        read_plan = plan.ReadPlan(
             streams=(counts,), seed=1, window=plan.DEFAULT_WINDOW, blocks=(blocks,)
         )
-        length = plan.epoch_length(selection, 3)
-        part = record_plan.consumer_part(selection, length, chain, topology, 1234, 5)
-        (order,) = selection.orders(3)
+        length = plan.epoch_length(read_plan, 3)
+        part = record_plan.consumer_part(read_plan, length, chain, topology, 1234, 5)
+        (order,) = read_plan.orders(3)
         first = part[0][0]
         next(iter(order.records(first, first + 1)))  # its first window, planned
-        fingerprint = selection.fingerprint()
+        fingerprint = read_plan.fingerprint()
         seconds = time.perf_counter() - start
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
@@ -66,7 +65,7 @@ def plan_case() -> None:
                     "consumer_records": sum(b - a for a, b in part),
                     "seconds": round(seconds, 3),
                     "peak_mib": round(peak / 2**20, 1),
-                    "state_bytes": state_size(state),
+                    "state_bytes": len(json.dumps(state, separators=(",", ":"))),
                 }
             ),
             flush=True,

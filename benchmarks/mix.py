@@ -77,14 +77,14 @@ def loaded(workers: int, data_format: str) -> dict[str, float]:
 def planned(steps: int) -> dict[str, float]:
     counts = (CLUSTER_RECORDS,) * CLUSTER_SHARDS
     blocks = (block_records(CLUSTER_RECORDS, CLUSTER_SHARD_BYTES),) * CLUSTER_SHARDS
-    selection = plan.Selection(
+    read_plan = plan.ReadPlan(
         streams=(counts,), seed=0, window=plan.DEFAULT_WINDOW, blocks=(blocks,)
     )
     topology = plan.Topology(RANKS, WORKERS, DEVICE_BATCH, drop_last=True)
-    length = plan.epoch_length(selection, 0)
-    (order,) = selection.orders(0)
+    length = plan.epoch_length(read_plan, 0)
+    (order,) = read_plan.orders(0)
     assert isinstance(order, BlockOrder)
-    layout = record_plan.run_layout(selection, length, [], topology)
+    layout = record_plan.run_layout(read_plan, length, [], topology)
     device, global_ = [], []
     for step in range(steps):
         # A rank's step-th batch comes from its workers in turn (torch's round robin).

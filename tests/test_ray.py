@@ -19,6 +19,7 @@ from pydantic import SecretStr
 from ray import cloudpickle
 from ray.exceptions import RayError
 
+from seaweed import config_for
 from syvain_training_data import DatasetSaver, iter_shard
 from syvain_training_data.manifest import (
     canonical_manifest_bytes,
@@ -59,12 +60,7 @@ def ray_cluster(seaweed) -> Iterator[str]:
 
 @pytest.fixture
 def s3_config(seaweed) -> StorageConfig:
-    return StorageConfig.create(
-        s3_base_url=seaweed.endpoint,
-        region=seaweed.region,
-        access_key_id=seaweed.access_key_id,
-        secret_access_key=seaweed.secret_access_key,
-    )
+    return config_for(seaweed)
 
 
 def publish_source(manifest_uri: str, config: StorageConfig | None) -> DatasetSaver:
@@ -157,21 +153,26 @@ def clean(row: dict) -> dict:
     }
 
 
+def easy_sink(uri: str, config: StorageConfig) -> SyvainDatasink:
+    """A sink of stage easy of split train, level 1, in shards of 100 records."""
+    return SyvainDatasink(
+        uri,
+        data_format="jsonl.gz",
+        split="train",
+        curriculum_stage="easy",
+        curriculum_metadata={"level": 1},
+        storage_config=config,
+        records_per_shard=100,
+    )
+
+
 def test_map_and_save_a_derived_dataset_then_load_it_back(
     ray_cluster, s3_config, s3_bucket, unique_prefix
 ):
     source_uri = f"s3://{s3_bucket}/{unique_prefix}/source/data-manifest.json"
     derived_uri = f"s3://{s3_bucket}/{unique_prefix}/derived/data-manifest.json"
     publish_source(source_uri, s3_config)
-    sink = SyvainDatasink(
-        derived_uri,
-        data_format="jsonl.gz",
-        split="train",
-        curriculum_stage="easy",
-        curriculum_metadata={"level": 1},
-        storage_config=s3_config,
-        records_per_shard=100,
-    )
+    sink = easy_sink(derived_uri, s3_config)
     ds = read_dataset(source_uri, "train", curriculum_stage="easy", storage_config=s3_config)
     ds.map(clean).write_datasink(sink)
 
@@ -190,15 +191,7 @@ def test_map_and_save_a_derived_dataset_then_load_it_back(
     assert by_id(loaded) == expected
 
     # Written again, identical rows: every shard is reused and the same manifest returned.
-    again = SyvainDatasink(
-        derived_uri,
-        data_format="jsonl.gz",
-        split="train",
-        curriculum_stage="easy",
-        curriculum_metadata={"level": 1},
-        storage_config=s3_config,
-        records_per_shard=100,
-    )
+    again = easy_sink(derived_uri, s3_config)
     read_dataset(source_uri, "train", curriculum_stage="easy", storage_config=s3_config).map(
         clean
     ).write_datasink(again)

@@ -83,7 +83,7 @@ def records_to_block(records: list[Mapping[str, Any]]) -> pa.Table:
     keys = list(dict.fromkeys(key for record in records for key in record))
     if not keys:  # records without keys: a table of no columns that keeps the row count
         return pa.Table.from_struct_array(pa.array(records))
-    # One array per column: about ten times faster than inferring one struct array.
+    # One array per column: far faster than inferring one struct array.
     return pa.table({key: pa.array([record.get(key) for record in records]) for key in keys})
 
 

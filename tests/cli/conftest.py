@@ -11,8 +11,8 @@ Fixtures
 from __future__ import annotations
 
 import pytest
-from cli_support import Store, seaweed_store
 
+from cli_support import Store, seaweed_store
 from syvain_training_data.storage import StorageConfig
 
 

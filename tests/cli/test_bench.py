@@ -7,6 +7,7 @@ import re
 import subprocess
 
 import pytest
+
 from cli_support import console_script, file_store, publish, run
 
 

@@ -8,8 +8,8 @@ import io
 import json
 
 import pytest
-from cli_support import file_store, publish, run
 
+from cli_support import file_store, publish, run
 from syvain_training_data import SyvainTrainingData
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import Store, file_store, publish, run, set_etags
 
+from cli_support import Store, file_store, publish, run, set_etags
 from syvain_training_data import SyvainTrainingData, storage
 from syvain_training_data.cli.cp import copy_layout
 from syvain_training_data.shard import iter_shard

@@ -4,7 +4,6 @@ SeaweedFS, and again on the same root."""
 from __future__ import annotations
 
 from cli_support import run
-
 from syvain_training_data import DataManifest
 
 

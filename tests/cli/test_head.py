@@ -8,7 +8,6 @@ import subprocess
 from typing import Any
 
 from cli_support import RECORDS_PER_SHARD, console_script, file_store, publish, records_of, run
-
 from syvain_training_data import SyvainTrainingData
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from cli_support import Result, console_script, file_store, publish, run
 
 

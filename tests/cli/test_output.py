@@ -9,7 +9,6 @@ import logging
 import re
 
 from cli_support import file_store, publish, run
-
 from syvain_training_data.cli.output import EscapingFormatter, ShardProgress, printable
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from cli_support import every_shard_list, file_store, publish, run, set_etags, tamper
 
+from cli_support import every_shard_list, file_store, publish, run, set_etags, tamper
 from syvain_training_data import storage
 
 

@@ -8,8 +8,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from syvain_training_data import SyvainTrainingData  # noqa: E402
-from syvain_training_data.loading import tensors  # noqa: E402
-from syvain_training_data.loading.tensors import TensorCollate  # noqa: E402
+from syvain_training_data.loading import columns  # noqa: E402
+from syvain_training_data.loading.columns import TensorCollate  # noqa: E402
 
 LONG = 100_000
 
@@ -37,10 +37,10 @@ def test_a_long_row_is_refused_without_truncate():
 
 
 def test_a_padded_batch_is_bounded_even_without_max_length(monkeypatch):
-    monkeypatch.setattr(tensors, "MAX_PADDED_VALUES", 32 * LONG - 1)
+    monkeypatch.setattr(columns, "MAX_PADDED_VALUES", 32 * LONG - 1)
     with pytest.raises(ValueError, match=r"would pad 32 rows to 100000 values.*max_length"):
         TensorCollate(["tokens"])(records())
-    monkeypatch.setattr(tensors, "MAX_PADDED_VALUES", 32 * LONG)
+    monkeypatch.setattr(columns, "MAX_PADDED_VALUES", 32 * LONG)
     assert TensorCollate(["tokens"])(records())["tokens"].shape == (32, LONG)
 
 

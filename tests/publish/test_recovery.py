@@ -8,8 +8,8 @@ import os
 import shutil
 
 import pytest
-from saver_helpers import make_saver, read_back, records
 
+from saver_helpers import make_saver, read_back, records
 from syvain_training_data import (
     PublicationConflictError,
     storage,

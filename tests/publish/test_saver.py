@@ -10,8 +10,8 @@ import pickle
 import re
 
 import pytest
-from saver_helpers import FORMATS, make_saver, read_back, records
 
+from saver_helpers import FORMATS, make_saver, read_back, records
 from syvain_training_data import (
     DatasetSaver,
     PublicationConflictError,

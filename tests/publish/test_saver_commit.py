@@ -6,8 +6,8 @@ from __future__ import annotations
 import pickle
 
 import pytest
-from saver_helpers import make_saver, read_back, records
 
+from saver_helpers import make_saver, read_back, records
 from syvain_training_data import (
     DatasetSaver,
     ManifestShard,

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from saver_helpers import make_saver, read_back
 
+from saver_helpers import make_saver, read_back
 from seaweed import config_for
 from syvain_training_data import (
     PublicationConflictError,

@@ -1,12 +1,15 @@
-"""The checks of ``SplitDataLoader.load`` and ``load_tokens`` arguments that stand alone: ints,
-ranks, mixing weights, the row options of ``pack=False``. Each raises a ValueError (TypeError
-for a value of the wrong type) that names the argument."""
+"""The arguments ``SplitDataLoader.load`` and ``load_tokens`` share (:class:`LoadOptions`), and
+the checks of those that stand alone: ints, ranks, mixing weights, the row options of
+``pack=False``. Each raises a ValueError (TypeError for a value of the wrong type) that names
+the argument."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
 
 import torch
 
@@ -14,12 +17,51 @@ from syvain_training_data.loading.packing import TRUNCATE_MODES, RowOptions
 
 __all__ = [
     "MIN_MIXING_SHARE",
+    "LoadOptions",
+    "batch_args",
     "check_int",
     "check_mixing_weights",
     "resolve_ranks",
     "row_options",
     "shown",
 ]
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """The keyword arguments ``load`` and ``load_tokens`` share, as given (``SplitDataLoader``
+    checks them where it plans the load): which shards (a split, a stage or stages), how
+    stages mix, the order (seed, shuffle window), this process's part (rank, world_size,
+    equal batches) and what the returned loader does (endless, stats logging)."""
+
+    split: str
+    curriculum_stage: str | None = None
+    curriculum_stages: Sequence[str] | None = None
+    rank: int | None = None
+    world_size: int | None = None
+    equal_batches: bool = False
+    seed: int | None = None
+    shuffle_buffer: int | None = None
+    mixing_weights: Mapping[str, float] | str | None = None
+    mixing_schedule: object = None
+    mixing_stop: str = "first_exhausted"
+    infinite_iter: bool = False
+    log_stats_every: float | None = None
+
+    @classmethod
+    def of(cls, arguments: Mapping[str, Any]) -> LoadOptions:
+        """The options among a call's ``arguments`` (its ``locals()``), named as the fields
+        are; those it lacks keep their defaults."""
+        names = [field.name for field in dataclasses.fields(cls)]
+        return cls(**{name: arguments[name] for name in names if name in arguments})
+
+
+def batch_args(args: dict[str, Any]) -> tuple[int, bool]:
+    """(batch_size, drop_last) taken out of DataLoader arguments, for a dataset that batches
+    its records itself (``batch_size`` None: batches of one record)."""
+    batch_size = args.pop("batch_size", 1)
+    batch_size = 1 if batch_size is None else check_int(batch_size, "batch_size")
+    return batch_size, bool(args.pop("drop_last", False))
 
 
 def check_int(value: object, what: str) -> int:

@@ -17,8 +17,7 @@ __all__ = ["BUNDLE_BATCHES", "BUNDLE_BYTES", "Bundle", "as_is", "bundled", "in_t
 
 # A bundle closes at about this many bytes of batches. A worker works at most prefetch_factor
 # bundles ahead of the training loop, so small bundles leave it waiting for the next request:
-# with 2 workers on 2 cores, 1 MiB bundles of 128 KiB token batches ran at 0.78x the rate of 0
-# workers, 4 MiB ones at 0.92-1.05x (the same batches; benchmarks/tokens_loader.py).
+# bundles of a few MiB keep workers about as fast as no workers (benchmarks/tokens_loader.py).
 BUNDLE_BYTES = 4 << 20
 # ... and at this many batches: small batches still reach the training loop early.
 BUNDLE_BATCHES = 32

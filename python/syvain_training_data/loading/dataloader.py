@@ -10,7 +10,6 @@ bounds every field before using it (:mod:`~syvain_training_data.loading.state`).
 
 from __future__ import annotations
 
-import json
 import time
 import weakref
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ from syvain_training_data.loading import state as checks
 from syvain_training_data.loading.dataset import ShardDataset
 from syvain_training_data.loading.stats import ConsumerSlots, LoaderStats, StatsClock
 
-__all__ = ["EpochLoader", "SyvainDataLoader", "endless"]
+__all__ = ["EpochLoader", "RecordDataLoader", "endless"]
 
 STATE_VERSION = 2
 # Interrupted runs of distinct topologies one state can name (consecutive runs on one topology
@@ -60,13 +59,7 @@ class EpochLoader[InterruptT](DataLoader[Any]):
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch of the next pass (a pending resume is dropped)."""
-        if (
-            isinstance(epoch, bool)
-            or not isinstance(epoch, int)
-            or not 0 <= epoch <= checks.MAX_COUNT
-        ):
-            raise ValueError(f"epoch must be a non-negative int below 2**63, got {epoch!r}")
-        self._next_epoch, self._resume = epoch, ()
+        self._next_epoch, self._resume = checks.epoch(epoch), ()
 
     def _begin_pass(self) -> tuple[int, tuple[InterruptT, ...]]:
         """Takes the next pass's epoch and the runs it resumes after; the caller hands them to
@@ -122,7 +115,7 @@ class EpochLoader[InterruptT](DataLoader[Any]):
         return self._stats.snapshot()
 
 
-class SyvainDataLoader(EpochLoader[plan.Interrupt]):
+class RecordDataLoader(EpochLoader[plan.Interrupt]):
     """A torch DataLoader over a :class:`ShardDataset`. Each pass is the next epoch;
     ``state_dict`` / ``load_state_dict`` follow torchdata's protocol and resume on any number
     of ranks and workers and any batch size."""
@@ -170,7 +163,7 @@ class SyvainDataLoader(EpochLoader[plan.Interrupt]):
             )
         return {
             "version": STATE_VERSION,
-            "selection": self.dataset.selection.fingerprint(),
+            "selection": self.dataset.read_plan.fingerprint(),
             "epoch": epoch,
             "interrupts": [interrupt.to_json() for interrupt in interrupts],
         }
@@ -192,11 +185,11 @@ class SyvainDataLoader(EpochLoader[plan.Interrupt]):
                 raise ValueError(f"This is a {kind} loader state, not a record loader's")
             raise ValueError(f"Not a record loader's state (kind {checks.describe(kind)})")
         selection = checks.string(checks.field(state, "selection"), "selection")
-        if selection != self.dataset.selection.fingerprint():
+        if selection != self.dataset.read_plan.fingerprint():
             raise ValueError(
                 "This loader state was saved for another selection, seed, shuffle or mixing"
             )
-        epoch = checks.integer(checks.field(state, "epoch"), "epoch")
+        epoch = checks.epoch_of(state)
         interrupts = self.dataset.interrupts_from_json(checks.field(state, "interrupts"), epoch)
         # Runs on one topology at the end are one run (states of earlier versions kept an
         # entry per run): exact, as no run has been laid out after them yet.
@@ -226,8 +219,3 @@ def endless(loader: DataLoader[Any], split: str) -> Iterator[Any]:
             yield batch
         if not produced:
             raise RuntimeError(f"{split} split produced no batches")
-
-
-def state_size(state: dict[str, Any]) -> int:
-    """Bytes of ``state`` as compact JSON (SPEC: at most 4 KiB)."""
-    return len(json.dumps(state, separators=(",", ":")))

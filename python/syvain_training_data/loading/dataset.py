@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
@@ -20,10 +21,16 @@ from syvain_training_data.loading.reader import ShardRange, consumer_records
 from syvain_training_data.loading.shard_indexes import ShardIndexes
 from syvain_training_data.loading.stats import PUBLISH_MASK, ConsumerSlots
 from syvain_training_data.manifest import DataManifestDataFormat, ManifestShard
-from syvain_training_data.shard import BATCH_RECORDS, BATCH_ROWS, iter_shard, read_records
+from syvain_training_data.shard import (
+    BATCH_RECORDS,
+    BATCH_ROWS,
+    iter_shard,
+    iter_shard_batches,
+    read_records,
+)
 from syvain_training_data.storage import StorageConfig
 
-__all__ = ["ShardDataset", "ShardTable"]
+__all__ = ["DatasetPlan", "ShardDataset", "ShardTable"]
 
 _WORKER_STATE_VERSION = 2
 # Records decoded at a time per block read of a seeded pass (64 blocks at once).
@@ -61,6 +68,21 @@ class ShardTable:
         return digest.hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class DatasetPlan:
+    """What every dataset of a ``load`` or ``load_tokens`` call reads and how: the shard format,
+    the selected shards (``table``), their read plan, per stream its shards (indices in the
+    table), the storage, and this process's rank of ``world_size``."""
+
+    data_format: DataManifestDataFormat
+    table: ShardTable
+    read_plan: plan.ReadPlan
+    stream_shards: tuple[tuple[int, ...], ...]
+    storage_config: StorageConfig
+    rank: int
+    world_size: int
+
+
 class ShardDataset(IterableDataset[Any]):
     """An IterableDataset over a selection, split by rank and worker (SPEC section 6).
 
@@ -70,26 +92,14 @@ class ShardDataset(IterableDataset[Any]):
     worker, for a StatefulDataLoader built around it with an unchanged topology.
     """
 
-    def __init__(
-        self,
-        data_format: DataManifestDataFormat,
-        table: ShardTable,
-        selection: plan.Selection,
-        stream_shards: Sequence[Sequence[int]],
-        *,
-        storage_config: StorageConfig,
-        rank: int,
-        world_size: int,
-        batch_size: int,
-        drop_last: bool,
-    ) -> None:
-        self.data_format = data_format
-        self.table = table
-        self.selection = selection
-        self.stream_shards = tuple(tuple(ids) for ids in stream_shards)
-        self.storage_config = storage_config
-        self.rank = rank
-        self.world_size = world_size
+    def __init__(self, planned: DatasetPlan, *, batch_size: int, drop_last: bool) -> None:
+        self.data_format = planned.data_format
+        self.table = planned.table
+        self.read_plan = planned.read_plan
+        self.stream_shards = planned.stream_shards
+        self.storage_config = planned.storage_config
+        self.rank = planned.rank
+        self.world_size = planned.world_size
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.epoch = 0
@@ -106,13 +116,7 @@ class ShardDataset(IterableDataset[Any]):
 
     def set_epoch(self, epoch: int) -> None:
         """Chooses the epoch of the next pass (it seeds the shard and record order)."""
-        if (
-            isinstance(epoch, bool)
-            or not isinstance(epoch, int)
-            or not 0 <= epoch <= checks.MAX_COUNT
-        ):
-            raise ValueError(f"epoch must be a non-negative int below 2**63, got {epoch!r}")
-        self.epoch = epoch
+        self.epoch = checks.epoch(epoch)
 
     def topology(self, workers: int) -> plan.Topology:
         return plan.Topology(self.world_size, max(workers, 1), self.batch_size, self.drop_last)
@@ -134,8 +138,8 @@ class ShardDataset(IterableDataset[Any]):
         if problem is not None:
             raise ValueError(f"Invalid loader state: interrupts {problem}")
         if interrupts:
-            records = sum(self.selection.totals())
-            length = plan.epoch_length(self.selection, epoch)
+            records = sum(self.read_plan.totals())
+            length = plan.epoch_length(self.read_plan, epoch)
             for index, interrupt in enumerate(interrupts):
                 interrupt.topology.check_workers(records, f"interrupts[{index}]")
                 checks.integer(interrupt.batches, f"interrupts[{index}][4] (batches)", 0, length)
@@ -143,14 +147,14 @@ class ShardDataset(IterableDataset[Any]):
 
     def left_in_epoch(self, workers: int, epoch: int, interrupts: Sequence[plan.Interrupt]) -> int:
         """Records all ranks read in a pass of ``epoch`` after ``interrupts``."""
-        length = plan.epoch_length(self.selection, epoch)
-        return record_plan.left_in_epoch(self.selection, length, interrupts, self.topology(workers))
+        length = plan.epoch_length(self.read_plan, epoch)
+        return record_plan.left_in_epoch(self.read_plan, length, interrupts, self.topology(workers))
 
     def rank_batches(self, workers: int, epoch: int, interrupts: Sequence[plan.Interrupt]) -> int:
         """Batches this rank yields in a pass of ``epoch`` after ``interrupts``."""
-        length = plan.epoch_length(self.selection, epoch)
+        length = plan.epoch_length(self.read_plan, epoch)
         topology = self.topology(workers)
-        return record_plan.rank_batches(self.selection, length, interrupts, topology, self.rank)
+        return record_plan.rank_batches(self.read_plan, length, interrupts, topology, self.rank)
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
@@ -170,13 +174,13 @@ class ShardDataset(IterableDataset[Any]):
         self, progress: dict[str, Any], worker: int, workers: int, skip: int
     ) -> Iterator[Any]:
         epoch, interrupts = progress["epoch"], progress["interrupts"]
-        length = plan.epoch_length(self.selection, epoch)
+        length = plan.epoch_length(self.read_plan, epoch)
         part = record_plan.consumer_part(
-            self.selection, length, interrupts, self.topology(workers), self.rank, worker
+            self.read_plan, length, interrupts, self.topology(workers), self.rank, worker
         )
         intervals = plan.Level(part).slice(skip, length)
-        orders = self.selection.orders(epoch)
-        mixed = self.selection.mixed(epoch)
+        orders = self.read_plan.orders(epoch)
+        mixed = self.read_plan.mixed(epoch)
         counters = self.counters.consumer(worker, progress["yielded"])
         indexes = self.new_indexes()
         records = consumer_records(
@@ -198,7 +202,7 @@ class ShardDataset(IterableDataset[Any]):
     def new_indexes(self) -> ShardIndexes | None:
         """A pass's cache of shard indexes (made in the process that reads), when the
         selection's shards have them."""
-        return ShardIndexes(self.storage_config) if self.selection.indexed else None
+        return ShardIndexes(self.storage_config) if self.read_plan.indexed else None
 
     def range_segment(
         self, shard: ManifestShard, start: int, stop: int, indexes: ShardIndexes | None
@@ -213,19 +217,36 @@ class ShardDataset(IterableDataset[Any]):
     def read_batch(self) -> int:
         """Records decoded at a time per range read: a seeded worker reads a window's blocks
         at once, so it holds a window's worth of these."""
-        return BLOCK_READ_RECORDS if self.selection.seed is not None else BATCH_RECORDS
+        return BLOCK_READ_RECORDS if self.read_plan.seed is not None else BATCH_RECORDS
 
-    @property
-    def batch_rows(self) -> int:
-        """Rows per Arrow batch of a columnar range read (``columns=``, tokens), as
-        ``read_batch`` for records."""
-        return BLOCK_READ_RECORDS if self.selection.seed is not None else BATCH_ROWS
+    def column_batches(
+        self,
+        shard: ManifestShard,
+        start: int,
+        stop: int,
+        indexes: ShardIndexes | None,
+        columns: Sequence[str],
+    ) -> Iterator[Any]:
+        """The Arrow batches of ``columns`` of records [start, stop) of ``shard`` (the
+        ``columns=`` and token loaders' range read): rows per batch as ``read_batch`` for
+        records, read ahead as :attr:`readahead`."""
+        return iter_shard_batches(
+            self.data_format,
+            shard,
+            columns=columns,
+            storage_config=self.storage_config,
+            batch_size=BLOCK_READ_RECORDS if self.read_plan.seed is not None else BATCH_ROWS,
+            start=start,
+            stop=stop,
+            index=self.range_segment(shard, start, stop, indexes),
+            readahead_bytes=self.readahead,
+        )
 
     @property
     def readahead(self) -> int | None:
         """Bytes each range read fetches ahead: a block's worth when a window's blocks are read
         at once (the store's default, 8 MiB, for one read at a time)."""
-        return BLOCK_READAHEAD_BYTES if self.selection.seed is not None else None
+        return BLOCK_READAHEAD_BYTES if self.read_plan.seed is not None else None
 
     def _open(self, shard_range: ShardRange, indexes: ShardIndexes | None) -> Iterator[Any]:
         table_index, start, stop = shard_range
@@ -258,7 +279,7 @@ class ShardDataset(IterableDataset[Any]):
             return {"version": _WORKER_STATE_VERSION, "epoch": self.epoch, "started": False}
         return {
             "version": _WORKER_STATE_VERSION,
-            "selection": self.selection.fingerprint(),
+            "selection": self.read_plan.fingerprint(),
             "epoch": progress["epoch"],
             "interrupts": [i.to_json() for i in progress["interrupts"]],
             "yielded": progress["yielded"],
@@ -279,16 +300,16 @@ class ShardDataset(IterableDataset[Any]):
             raise ValueError(
                 f"Invalid loader state: started must be a bool, got {checks.describe(started)}"
             )
-        epoch = checks.integer(checks.field(state, "epoch"), "epoch")
+        epoch = checks.epoch_of(state)
         if not started:
             self._progress = self._skip = None
             self.epoch = epoch
             return
         selection = checks.string(checks.field(state, "selection"), "selection")
-        if selection != self.selection.fingerprint():
+        if selection != self.read_plan.fingerprint():
             raise ValueError("This loader state was saved for another selection or seed")
         interrupts = self.interrupts_from_json(checks.field(state, "interrupts"), epoch)
-        length = plan.epoch_length(self.selection, epoch)
+        length = plan.epoch_length(self.read_plan, epoch)
         yielded = checks.integer(checks.field(state, "yielded"), "yielded", 0, length)
         self._progress = None
         self._skip = {"epoch": epoch, "interrupts": interrupts, "yielded": yielded}

@@ -25,7 +25,7 @@ import numpy
 import torch
 
 from syvain_training_data import _native
-from syvain_training_data.loading.tensors import int_lists
+from syvain_training_data.loading.list_columns import int_lists
 from syvain_training_data.loading.transfer import BatchRing
 
 __all__ = [

@@ -43,7 +43,7 @@ __all__ = [
     "Interrupt",
     "Level",
     "Order",
-    "Selection",
+    "ReadPlan",
     "StreamOrder",
     "Topology",
     "appended",
@@ -146,9 +146,8 @@ class Interrupt:
 
         A run on the interrupted run's topology continues it exactly (``_continued``: each
         worker takes one old worker's rest, rotated to the worker whose turn was next), so the
-        two leave what one run stopped after both runs' batches leaves
-        (tests/test_loading_plan.py checks it, drop_last, equal batches, mixing and ranks of
-        unequal batch counts included)."""
+        two leave what one run stopped after both runs' batches leaves (drop_last, equal
+        batches, mixing and ranks of unequal batch counts included)."""
         if later.topology != self.topology:
             raise ValueError("Only runs on one topology merge")
         return Interrupt(self.topology, self.batches + later.batches)
@@ -202,7 +201,7 @@ def beyond_bounds(topologies: Sequence[Topology]) -> str | None:
 
 
 @dataclass(frozen=True)
-class Selection:
+class ReadPlan:
     """What a loader reads and how it orders it: per stream, the record count of each of its
     shards; mixing weights (None: one stream); the seed and shuffle window (in blocks); equal
     batches. ``schedule``: mixing weights that change along the order, as (position, weights)
@@ -376,6 +375,6 @@ def worker_parts(level: Level, topology: Topology, rank: int) -> list[tuple[int,
 Layout = dict[int, list[list[tuple[int, int]]]]
 
 
-def epoch_length(selection: Selection, epoch: int) -> int:
-    mixed = selection.mixed(epoch)
-    return selection.totals()[0] if mixed is None else mixed.length
+def epoch_length(read_plan: ReadPlan, epoch: int) -> int:
+    mixed = read_plan.mixed(epoch)
+    return read_plan.totals()[0] if mixed is None else mixed.length

@@ -14,7 +14,7 @@ from syvain_training_data.loading.plan import (
     Interrupt,
     Layout,
     Level,
-    Selection,
+    ReadPlan,
     Topology,
     batch_count,
     worker_parts,
@@ -93,7 +93,7 @@ def _continued(
 
 
 def run_layout(
-    selection: Selection,
+    read_plan: ReadPlan,
     epoch_length: int,
     interrupts: Sequence[Interrupt],
     topology: Topology,
@@ -105,7 +105,7 @@ def run_layout(
     A run on a new topology splits what is left evenly (ranks, then workers, in epoch order);
     a run on the interrupted run's topology continues it exactly."""
     ranks = range(topology.world_size) if rank is None else [rank]
-    return _layout(selection, epoch_length, interrupts, topology, ranks)
+    return _layout(read_plan, epoch_length, interrupts, topology, ranks)
 
 
 def _ranks_with_records(length: int, world_size: int) -> Sequence[int]:
@@ -118,7 +118,7 @@ def _ranks_with_records(length: int, world_size: int) -> Sequence[int]:
 
 
 def _layout(
-    selection: Selection,
+    read_plan: ReadPlan,
     epoch_length: int,
     interrupts: Sequence[Interrupt],
     topology: Topology,
@@ -149,7 +149,7 @@ def _layout(
             level = Level(
                 [i for parts in layout.values() for rest in _unread(parts, previous) for i in rest]
             )
-        level = _balanced(level, current.world_size, selection.equal_batches)
+        level = _balanced(level, current.world_size, read_plan.equal_batches)
         if wanted is None:
             wanted = _ranks_with_records(level.length, current.world_size)
         layout = {
@@ -160,7 +160,7 @@ def _layout(
 
 
 def consumer_part(
-    selection: Selection,
+    read_plan: ReadPlan,
     epoch_length: int,
     interrupts: Sequence[Interrupt],
     topology: Topology,
@@ -168,24 +168,24 @@ def consumer_part(
     worker: int,
 ) -> list[tuple[int, int]]:
     """Epoch intervals consumer (rank, worker) reads in a run after ``interrupts``."""
-    return run_layout(selection, epoch_length, interrupts, topology, rank)[rank][worker]
+    return run_layout(read_plan, epoch_length, interrupts, topology, rank)[rank][worker]
 
 
 def rank_batches(
-    selection: Selection,
+    read_plan: ReadPlan,
     epoch_length: int,
     interrupts: Sequence[Interrupt],
     topology: Topology,
     rank: int,
 ) -> int:
     """Batches ``rank`` yields in a run after ``interrupts``."""
-    parts = run_layout(selection, epoch_length, interrupts, topology, rank)[rank]
+    parts = run_layout(read_plan, epoch_length, interrupts, topology, rank)[rank]
     return sum(batch_count(_length(p), topology.batch_size, topology.drop_last) for p in parts)
 
 
 def left_in_epoch(
-    selection: Selection, epoch_length: int, interrupts: Sequence[Interrupt], topology: Topology
+    read_plan: ReadPlan, epoch_length: int, interrupts: Sequence[Interrupt], topology: Topology
 ) -> int:
     """Records a run of ``topology`` after ``interrupts`` reads, over all its consumers."""
-    layout = _layout(selection, epoch_length, interrupts, topology, None)
+    layout = _layout(read_plan, epoch_length, interrupts, topology, None)
     return sum(_length(part) for parts in layout.values() for part in parts)

@@ -271,23 +271,23 @@ class ScheduledOrder:
 
 
 @functools.lru_cache(maxsize=8)
-def scheduled_order(selection: plan.Selection, epoch: int) -> ScheduledOrder:
+def scheduled_order(read_plan: plan.ReadPlan, epoch: int) -> ScheduledOrder:
     """The epoch's order of a scheduled selection (cached: the loader and its dataset ask for
     it several times per pass)."""
-    if selection.schedule is None:
+    if read_plan.schedule is None:
         raise ValueError("This selection has no mixing schedule")
     return ScheduledOrder(
-        selection.totals(), selection.schedule, selection.mix_stop, selection.seed, epoch
+        read_plan.totals(), read_plan.schedule, read_plan.mix_stop, read_plan.seed, epoch
     )
 
 
-def epoch_segments(selection: plan.Selection, epoch: int) -> tuple[int, ...]:
+def epoch_segments(read_plan: plan.ReadPlan, epoch: int) -> tuple[int, ...]:
     """The ``segments`` a fresh epoch of a scheduled selection is laid out with."""
-    return scheduled_order(selection, epoch).boundaries()
+    return scheduled_order(read_plan, epoch).boundaries()
 
 
 def scheduled_token_layout(
-    selection: plan.Selection,
+    read_plan: plan.ReadPlan,
     epoch: int,
     interrupts: Sequence[token_plan.TokenInterrupt],
     segments: Sequence[int] | None,
@@ -297,10 +297,10 @@ def scheduled_token_layout(
     """``token_plan.token_layout`` of a token pass: without a schedule as it is; with one, laid out
     segment by segment with ``segments`` (the state's, when resuming; None: the epoch's own),
     each part clipped to the order's length (an edited schedule may end the order sooner)."""
-    if selection.schedule is None:
-        length = plan.epoch_length(selection, epoch)
+    if read_plan.schedule is None:
+        length = plan.epoch_length(read_plan, epoch)
         return token_plan.token_layout(length, interrupts, topology, rank)
-    order = scheduled_order(selection, epoch)
+    order = scheduled_order(read_plan, epoch)
     if segments is None:
         segments = order.boundaries()
     boundaries = (0, *segments)
@@ -366,24 +366,24 @@ def _entry(entry: Entry | None) -> str:
 
 
 def epoch_layout(
-    selection: plan.Selection, epoch: int, segments: tuple[int, ...] | None
+    read_plan: plan.ReadPlan, epoch: int, segments: tuple[int, ...] | None
 ) -> list[int] | None:
     """With a mixing schedule: the segments ``epoch`` is laid out with (``segments``, a
     resumed state's, else the epoch's own); None without one."""
-    if selection.schedule is None:
+    if read_plan.schedule is None:
         return None
-    return list(segments or epoch_segments(selection, epoch))
+    return list(segments or epoch_segments(read_plan, epoch))
 
 
 def state_fields(
-    selection: plan.Selection, epoch: int, segments: Sequence[int] | None
+    read_plan: plan.ReadPlan, epoch: int, segments: Sequence[int] | None
 ) -> dict[str, Any]:
     """A scheduled loader's state fields: the schedule the runs used (the loader's: a state
     it resumed differed only after what it had consumed) and the segments ``epoch`` is laid
     out with; none without a schedule."""
-    if selection.schedule is None:
+    if read_plan.schedule is None:
         return {}
     return {
-        "schedule": schedule_json(selection.schedule),
-        "segments": epoch_layout(selection, epoch, None if segments is None else tuple(segments)),
+        "schedule": schedule_json(read_plan.schedule),
+        "segments": epoch_layout(read_plan, epoch, None if segments is None else tuple(segments)),
     }

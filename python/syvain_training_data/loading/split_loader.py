@@ -20,14 +20,21 @@ except ModuleNotFoundError as error:  # pragma: no cover - exercised without the
         name=error.name,
     ) from error
 
+from torch.utils.data import DataLoader
+
 from syvain_training_data.formats.shard_index import block_records
 from syvain_training_data.loading import arguments, mixing, plan
 from syvain_training_data.loading import schedule as schedules
-from syvain_training_data.loading.dataloader import SyvainDataLoader, endless
-from syvain_training_data.loading.dataset import ShardDataset, ShardTable, stream_tables
+from syvain_training_data.loading.columns import ColumnDataLoader, ColumnDataset, TensorCollate
+from syvain_training_data.loading.dataloader import RecordDataLoader, endless
+from syvain_training_data.loading.dataset import (
+    DatasetPlan,
+    ShardDataset,
+    ShardTable,
+    stream_tables,
+)
 from syvain_training_data.loading.selection import select_shards
 from syvain_training_data.loading.shard_indexes import has_index
-from syvain_training_data.loading.tensors import ColumnDataLoader, ColumnDataset, TensorCollate
 from syvain_training_data.manifest import DataManifest, ManifestShard
 from syvain_training_data.storage import StorageConfig
 from syvain_training_data.uris import check_shard_scheme
@@ -127,29 +134,17 @@ class SplitDataLoader:
             raw = dict(mixing_weights)
         return arguments.check_mixing_weights(stages, [raw[stage] for stage in stages])
 
-    def _plan(
-        self,
-        split: str,
-        curriculum_stage: str | None,
-        curriculum_stages: Sequence[str] | None,
-        *,
-        rank: int | None,
-        world_size: int | None,
-        equal_batches: bool,
-        seed: int | None,
-        shuffle_buffer: int | None,
-        mixing_weights: Mapping[str, float] | str | None,
-        mixing_stop: str,
-        mixing_schedule: object = None,
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The dataset's arguments (all but ``batch_size`` and ``drop_last``: the format,
-        shard table, selection, per stream its shards, storage, rank and world_size) and the
-        DataLoader's of a ``load`` call; raises its ValueErrors."""
+    def _plan(self, options: arguments.LoadOptions) -> tuple[DatasetPlan, dict[str, Any]]:
+        """The datasets' plan and the DataLoader's arguments of a ``load`` or ``load_tokens``
+        call (``batch_size`` and ``drop_last`` still among them); raises its ValueErrors."""
+        split, curriculum_stage = options.split, options.curriculum_stage
+        curriculum_stages = options.curriculum_stages
+        mixing_weights, mixing_stop = options.mixing_weights, options.mixing_stop
         pairs = None
-        if mixing_schedule is not None:
+        if options.mixing_schedule is not None:
             if mixing_weights is not None:
                 raise ValueError("Pass mixing_weights or mixing_schedule, not both")
-            pairs = schedules.entries(mixing_schedule)
+            pairs = schedules.entries(options.mixing_schedule)
             stages_given = curriculum_stage is not None or curriculum_stages is not None
             if not stages_given and isinstance(pairs[0][1], Mapping):
                 curriculum_stages = list(pairs[0][1])
@@ -184,9 +179,11 @@ class SplitDataLoader:
             weights = tuple(self._mixing_weights(split, stages, mixing_weights))
         else:
             groups = [list(range(len(shards)))]
-        rank, world_size = arguments.resolve_ranks(rank, world_size)
+        rank, world_size = arguments.resolve_ranks(options.rank, options.world_size)
+        seed = options.seed
         if seed is not None:
             seed = arguments.check_int(seed, "seed")
+        shuffle_buffer = options.shuffle_buffer
         window = plan.DEFAULT_WINDOW if shuffle_buffer is None else shuffle_buffer
         window = arguments.check_int(window, "shuffle_buffer")
         if not 0 <= window <= MAX_WINDOW_BLOCKS:
@@ -196,13 +193,13 @@ class SplitDataLoader:
             )
         table, stream_shards, counts = stream_tables(shards, groups)
         indexed = self._has_indexes(shards)
-        selection = plan.Selection(
+        read_plan = plan.ReadPlan(
             streams=counts,
             weights=weights,
             mix_stop=mixing_stop,
             seed=seed,
             window=window if seed is not None else 0,
-            equal_batches=equal_batches,
+            equal_batches=options.equal_batches,
             identity=table.identity(),
             blocks=_block_sizes(table, stream_shards) if indexed and seed is not None else None,
             indexed=indexed,
@@ -217,15 +214,15 @@ class SplitDataLoader:
                 args.pop(name, None)
             if args.get("timeout", 0) > 0:
                 args.pop("timeout")
-        planned = {
-            "data_format": self.manifest.data_format,
-            "table": table,
-            "selection": selection,
-            "stream_shards": stream_shards,
-            "storage_config": self.storage_config,
-            "rank": rank,
-            "world_size": world_size,
-        }
+        planned = DatasetPlan(
+            data_format=self.manifest.data_format,
+            table=table,
+            read_plan=read_plan,
+            stream_shards=stream_shards,
+            storage_config=self.storage_config,
+            rank=rank,
+            world_size=world_size,
+        )
         return planned, args
 
     def _has_indexes(self, shards: Sequence[ManifestShard]) -> bool:
@@ -312,18 +309,8 @@ class SplitDataLoader:
                 epoch yields none.
         """
         del stateful  # every loader is stateful
-        planned, args = self._plan(
-            split,
-            curriculum_stage,
-            curriculum_stages,
-            rank=rank,
-            world_size=world_size,
-            equal_batches=equal_batches,
-            seed=seed,
-            shuffle_buffer=shuffle_buffer,
-            mixing_weights=mixing_weights,
-            mixing_stop=mixing_stop,
-        )
+        options = arguments.LoadOptions.of(locals())
+        planned, args = self._plan(options)
         if columns is None and (max_length is not None or truncate):
             raise ValueError("max_length and truncate apply to load(columns=...) only")
         if columns is not None:
@@ -331,31 +318,23 @@ class SplitDataLoader:
                 raise ValueError("Pass collate_fn=None to split_data_loader to load columns")
             collate = TensorCollate(columns, pad_value, max_length=max_length, truncate=truncate)
             # The workers batch and bundle the records themselves (batch_size None: one each).
-            batch_size = args.pop("batch_size", 1)
-            batch_size = 1 if batch_size is None else arguments.check_int(batch_size, "batch_size")
+            batch_size, drop_last = arguments.batch_args(args)
             columns_dataset = ColumnDataset(
-                **planned,
-                batch_size=batch_size,
-                drop_last=bool(args.pop("drop_last", False)),
-                collate=collate,
+                planned, batch_size=batch_size, drop_last=drop_last, collate=collate
             )
-            loader: SyvainDataLoader = ColumnDataLoader(
-                columns_dataset, log_stats_every=log_stats_every, **args
+            loader: RecordDataLoader = ColumnDataLoader(
+                columns_dataset, log_stats_every=options.log_stats_every, **args
             )
         else:
             batch_size = args.get("batch_size", 1)
             drop_last = bool(args.get("drop_last", False)) and batch_size is not None
             dataset = ShardDataset(
-                **planned,
-                batch_size=1 if batch_size is None else batch_size,
-                drop_last=drop_last,
+                planned, batch_size=1 if batch_size is None else batch_size, drop_last=drop_last
             )
-            loader = SyvainDataLoader(
-                dataset, collate_fn=self.collate_fn, log_stats_every=log_stats_every, **args
+            loader = RecordDataLoader(
+                dataset, collate_fn=self.collate_fn, log_stats_every=options.log_stats_every, **args
             )
-        if infinite_iter:
-            return endless(loader, split)
-        return loader
+        return _delivered(loader, options)
 
     def load_tokens(
         self,
@@ -456,24 +435,11 @@ class SplitDataLoader:
                 f"loss_mask_column must be a column name other than the token column {column!r}, "
                 f"got {loss_mask_column!r}"
             )
-        planned, args = self._plan(
-            split,
-            curriculum_stage,
-            curriculum_stages,
-            rank=rank,
-            world_size=world_size,
-            equal_batches=False,
-            seed=seed,
-            shuffle_buffer=shuffle_buffer,
-            mixing_weights=mixing_weights,
-            mixing_stop=mixing_stop,
-            mixing_schedule=mixing_schedule,
-        )
-        batch_size = args.pop("batch_size", 1)
-        batch_size = 1 if batch_size is None else arguments.check_int(batch_size, "batch_size")
-        drop_last = bool(args.pop("drop_last", False))
+        options = arguments.LoadOptions.of(locals())
+        planned, args = self._plan(options)
+        batch_size, drop_last = arguments.batch_args(args)
         dataset = TokenDataset(
-            **planned,
+            planned,
             batch_size=batch_size,
             drop_last=drop_last,
             column=column,
@@ -483,7 +449,13 @@ class SplitDataLoader:
             mask_column=loss_mask_column,
             rows=rows,
         )
-        loader = TokenDataLoader(dataset, log_stats_every=log_stats_every, **args)
-        if infinite_iter:
-            return endless(loader, split)
-        return loader
+        loader = TokenDataLoader(dataset, log_stats_every=options.log_stats_every, **args)
+        return _delivered(loader, options)
+
+
+def _delivered(loader: DataLoader[Any], options: arguments.LoadOptions) -> Any:
+    """What ``load`` and ``load_tokens`` return: ``loader``, or with ``infinite_iter`` an
+    endless iterator of its batches."""
+    if options.infinite_iter:
+        return endless(loader, options.split)
+    return loader

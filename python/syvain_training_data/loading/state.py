@@ -23,6 +23,8 @@ __all__ = [
     "MAX_WORKERS",
     "MAX_WORLD_SIZE",
     "describe",
+    "epoch",
+    "epoch_of",
     "field",
     "flag",
     "integer",
@@ -107,3 +109,15 @@ def items(value: object, name: str, longest: int, exactly: int | None = None) ->
     if len(value) > longest:
         raise _invalid(name, f"must hold at most {longest} items, got {len(value)}")
     return value
+
+
+def epoch(value: object) -> int:
+    """An epoch given to ``set_epoch``: an int in [0, MAX_COUNT], the bounds of a state's."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        raise ValueError(f"epoch must be a non-negative int below 2**63, got {value!r}")
+    return value
+
+
+def epoch_of(state: Mapping[str, Any]) -> int:
+    """A state's ``epoch`` field, checked."""
+    return integer(field(state, "epoch"), "epoch")

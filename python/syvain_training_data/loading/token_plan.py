@@ -9,12 +9,22 @@ topologies (:mod:`~syvain_training_data.loading.plan`) are otherwise the same.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from syvain_training_data.loading import state as checks
 from syvain_training_data.loading.plan import Layout, Level, Topology, worker_parts
 
-__all__ = ["Position", "TokenInterrupt", "cuts_by_index", "token_layout", "token_rank_then"]
+__all__ = [
+    "Position",
+    "TokenInterrupt",
+    "cuts_by_index",
+    "rank_json",
+    "token_layout",
+    "token_rank_then",
+]
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,63 @@ class TokenInterrupt:
             if any(records < 0 or offset < 0 for records, offset in positions):
                 raise ValueError(f"Invalid token loader state for rank {rank}")
 
+    def to_json(self) -> list[Any]:
+        """[world_size, workers, batch_size, drop_last, per rank its :func:`rank_json`]: the
+        record interrupt's topology fields, then positions instead of a batch count."""
+        entries = [
+            rank_json(rank, positions, turn, finished)
+            for rank, (positions, turn, finished) in enumerate(
+                zip(self.positions, self.turns, self.finished, strict=True)
+            )
+        ]
+        return [*self.topology.to_json(), entries]
+
+    @classmethod
+    def from_json(cls, value: object, name: str, length: int) -> TokenInterrupt:
+        """An entry of a token state's ``interrupts`` (see :meth:`to_json`) in an epoch of
+        ``length`` records. ValueError naming the field (``name[i] (what)``) for anything
+        else, or when some rank's entry is missing."""
+        entry = checks.items(value, name, 5, exactly=5)
+        topology = Topology.from_json(entry, name)
+        world, workers = topology.world_size, topology.workers
+        name = f"{name}[4]"
+        entries = checks.items(entry[4], name, world)
+        width = 3 + 2 * workers
+        by_rank: dict[int, tuple[tuple[tuple[int, int], ...], int, bool]] = {}
+        for k, item in enumerate(entries):
+            where = f"{name}[{k}]"
+            fields = checks.items(item, where, width, exactly=width)
+            rank = checks.integer(fields[0], f"{where}[0] (rank)", 0, world - 1)
+            if rank in by_rank:
+                raise ValueError(f"Invalid loader state: {where}[0] (rank) repeats rank {rank}")
+            turn = checks.integer(fields[1], f"{where}[1] (turn)", 0, workers - 1)
+            finished = checks.flag(fields[2], f"{where}[2] (finished)")
+            positions = tuple(
+                (
+                    checks.integer(fields[3 + 2 * w], f"{where}[{3 + 2 * w}] (records)", 0, length),
+                    checks.integer(fields[4 + 2 * w], f"{where}[{4 + 2 * w}] (token offset)"),
+                )
+                for w in range(workers)
+            )
+            by_rank[rank] = (positions, turn, finished)
+        if len(by_rank) != world:
+            # The first few missing ranks: at most len(entries) + 8 steps, whatever world says.
+            missing = list(itertools.islice((r for r in range(world) if r not in by_rank), 8))
+            more = " ..." if world - len(by_rank) > len(missing) else ""
+            raise ValueError(
+                f"This token loader state lacks the positions of rank(s) "
+                f"{', '.join(map(str, missing))}{more} of {world} ({name}): call state_dict on "
+                "every rank of a torch.distributed group, or merge every rank's state with "
+                "merge_token_states"
+            )
+        ranks = [by_rank[r] for r in range(world)]
+        return cls(
+            topology,
+            tuple(positions for positions, _, _ in ranks),
+            tuple(turn for _, turn, _ in ranks),
+            tuple(finished for _, _, finished in ranks),
+        )
+
     def then(self, later: TokenInterrupt) -> TokenInterrupt:
         """This run and ``later``, a run on the same topology that resumed it, as one run (see
         :func:`token_rank_then`)."""
@@ -60,6 +127,12 @@ class TokenInterrupt:
 Position = tuple[int, int]
 
 
+def rank_json(rank: int, positions: Sequence[Position], turn: int, finished: bool) -> list[int]:
+    """One rank's entry of a token interrupt: [rank, turn, finished, records, offset, ...]
+    (each worker's position in turn)."""
+    return [rank, turn, int(finished), *(value for position in positions for value in position)]
+
+
 def token_rank_then(
     positions: Sequence[Position],
     turn: int,
@@ -72,8 +145,7 @@ def token_rank_then(
     The later run's worker w read the rest of the earlier run's worker (w + turn) % workers
     (``token_layout``), counting its records from there and its token offset from the start of
     the record, as the earlier run did; a worker that took nothing keeps the earlier position,
-    cut included. The turns add. (tests/test_load_tokens.py checks that the merged run leaves
-    what the two leave.)"""
+    cut included. The turns add, so the merged run leaves what the two leave."""
     workers = len(positions)
     merged = list(positions)
     for worker, (records, offset) in enumerate(later_positions):

@@ -4,7 +4,6 @@ it, and the merge of every rank's state when ranks are not one torch.distributed
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,7 +12,7 @@ import torch
 from syvain_training_data.loading import plan, token_plan
 from syvain_training_data.loading import state as checks
 
-__all__ = ["gather_entries", "interrupt_json", "interrupts_from_json", "merge_token_states"]
+__all__ = ["gather_entries", "interrupts_from_json", "merge_token_states"]
 
 
 def gather_entries(entry: list[int], world_size: int) -> list[list[int]]:
@@ -28,16 +27,6 @@ def gather_entries(entry: list[int], world_size: int) -> list[list[int]]:
         distributed.all_gather_object(gathered, entry)
         return sorted(gathered)
     return [entry]
-
-
-def interrupt_json(interrupt: token_plan.TokenInterrupt) -> list[Any]:
-    entries = [
-        [rank, turn, int(finished), *(value for position in positions for value in position)]
-        for rank, (positions, turn, finished) in enumerate(
-            zip(interrupt.positions, interrupt.turns, interrupt.finished, strict=True)
-        )
-    ]
-    return [*interrupt.topology.to_json(), entries]
 
 
 def interrupts_from_json(
@@ -60,55 +49,11 @@ def interrupts_from_json(
                 f"Invalid loader state: interrupts name more than {checks.MAX_STATE_CONSUMERS} "
                 "consumers (ranks x workers over its runs)"
             )
-        interrupts.append(_interrupt_from_json(topology, entry[4], f"{name}[4]", length))
+        interrupts.append(token_plan.TokenInterrupt.from_json(entry, name, length))
     problem = plan.beyond_bounds([interrupt.topology for interrupt in interrupts])
     if problem is not None:
         raise ValueError(f"Invalid loader state: interrupts {problem}")
     return tuple(interrupts)
-
-
-def _interrupt_from_json(
-    topology: plan.Topology, value: object, name: str, length: int
-) -> token_plan.TokenInterrupt:
-    """One run's per-rank entries [rank, turn, finished, records, offset, ...] (``name``) in
-    an epoch of ``length`` records."""
-    world, workers = topology.world_size, topology.workers
-    entries = checks.items(value, name, world)
-    width = 3 + 2 * workers
-    by_rank: dict[int, tuple[tuple[tuple[int, int], ...], int, bool]] = {}
-    for k, item in enumerate(entries):
-        where = f"{name}[{k}]"
-        entry = checks.items(item, where, width, exactly=width)
-        rank = checks.integer(entry[0], f"{where}[0] (rank)", 0, world - 1)
-        if rank in by_rank:
-            raise ValueError(f"Invalid loader state: {where}[0] (rank) repeats rank {rank}")
-        turn = checks.integer(entry[1], f"{where}[1] (turn)", 0, workers - 1)
-        finished = checks.flag(entry[2], f"{where}[2] (finished)")
-        positions = tuple(
-            (
-                checks.integer(entry[3 + 2 * w], f"{where}[{3 + 2 * w}] (records)", 0, length),
-                checks.integer(entry[4 + 2 * w], f"{where}[{4 + 2 * w}] (token offset)"),
-            )
-            for w in range(workers)
-        )
-        by_rank[rank] = (positions, turn, finished)
-    if len(by_rank) != world:
-        # The first few missing ranks: at most len(entries) + 8 steps, whatever world says.
-        missing = list(itertools.islice((r for r in range(world) if r not in by_rank), 8))
-        more = " ..." if world - len(by_rank) > len(missing) else ""
-        raise ValueError(
-            f"This token loader state lacks the positions of rank(s) "
-            f"{', '.join(map(str, missing))}{more} of {world} ({name}): call state_dict on "
-            "every rank of a torch.distributed group, or merge every rank's state with "
-            "merge_token_states"
-        )
-    ranks = [by_rank[r] for r in range(world)]
-    return token_plan.TokenInterrupt(
-        topology,
-        tuple(positions for positions, _, _ in ranks),
-        tuple(turn for _, turn, _ in ranks),
-        tuple(finished for _, _, finished in ranks),
-    )
 
 
 def merge_token_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:

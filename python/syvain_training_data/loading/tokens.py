@@ -37,6 +37,7 @@ from syvain_training_data.loading.bundles import (
 )
 from syvain_training_data.loading.dataloader import STATE_VERSION, EpochLoader
 from syvain_training_data.loading.dataset import ShardDataset
+from syvain_training_data.loading.list_columns import int_lists
 from syvain_training_data.loading.packing import (
     BlockPacking,
     Cut,
@@ -50,10 +51,8 @@ from syvain_training_data.loading.packing import (
 from syvain_training_data.loading.reader import ShardRange, consumer_records
 from syvain_training_data.loading.shard_indexes import ShardIndexes
 from syvain_training_data.loading.stats import PUBLISH_MASK
-from syvain_training_data.loading.tensors import int_lists
 from syvain_training_data.loading.token_state import merge_token_states
 from syvain_training_data.loading.transfer import BatchRing, for_transfer
-from syvain_training_data.shard import iter_shard_batches
 
 __all__ = ["TokenDataLoader", "TokenDataset", "merge_token_states"]
 
@@ -103,7 +102,7 @@ class TokenDataset(ShardDataset):
     def fingerprint(self) -> str:
         """The selection's digest plus what decides the token stream (``seq_len`` and the batch
         size may change between runs)."""
-        text = f"{self.selection.fingerprint()}:{STATE_KIND}:{self.column}:{self.eos_id}"
+        text = f"{self.read_plan.fingerprint()}:{STATE_KIND}:{self.column}:{self.eos_id}"
         if self.rows is not None:  # a row per record: no state of packed blocks applies
             text += f":rows:{self.rows.truncate}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -128,14 +127,14 @@ class TokenDataset(ShardDataset):
         topology = self.topology(workers)
         segments = self.token_segments if interrupts else None
         layout, cuts = schedules.scheduled_token_layout(
-            self.selection, epoch, interrupts, segments, topology, self.rank
+            self.read_plan, epoch, interrupts, segments, topology, self.rank
         )
         part = layout[self.rank][worker]
         counters = self.counters.consumer(worker)
-        orders, mixed = self.selection.orders(epoch), self.selection.mixed(epoch)
+        orders, mixed = self.read_plan.orders(epoch), self.read_plan.mixed(epoch)
         # In plain order (no seed, no mixing) a decoded batch's records are the next
         # records of the part: they reach the packer as one run, with no Python per record.
-        in_runs = mixed is None and self.selection.seed is None
+        in_runs = mixed is None and self.read_plan.seed is None
         open_range = self._open if in_runs else self._open_records
         indexes = self.new_indexes()
         runs = consumer_records(
@@ -194,17 +193,7 @@ class TokenDataset(ShardDataset):
         table_index, start, stop = shard_range
         shard = self.table.shard(table_index)
         columns = [self.column] if self.mask_column is None else [self.column, self.mask_column]
-        batches = iter_shard_batches(
-            self.data_format,
-            shard,
-            columns=columns,
-            storage_config=self.storage_config,
-            batch_size=self.batch_rows,
-            start=start,
-            stop=stop,
-            index=self.range_segment(shard, start, stop, indexes),
-            readahead_bytes=self.readahead,
-        )
+        batches = self.column_batches(shard, start, stop, indexes, columns)
         record = start
         for batch in batches:
             offsets, values = self._int_lists(batch, shard.uri)
@@ -308,7 +297,7 @@ class TokenDataLoader(EpochLoader[token_plan.TokenInterrupt]):
             "positions": [(0, 0)] * workers,
             "turn": 0,
             "finished": False,
-            "segments": schedules.epoch_layout(self.dataset.selection, epoch, segments),
+            "segments": schedules.epoch_layout(self.dataset.read_plan, epoch, segments),
         }
         self._pass = progress
         batches = _tracked(self._worker_batches(), progress, workers, self.dataset.ring)
@@ -326,8 +315,7 @@ class TokenDataLoader(EpochLoader[token_plan.TokenInterrupt]):
             positions, turn = token_plan.token_rank_then(
                 earlier.positions[rank], earlier.turns[rank], positions, turn
             )
-        flat = [value for position in positions for value in position]
-        return [self.dataset.rank, turn, int(progress["finished"]), *flat]
+        return token_plan.rank_json(self.dataset.rank, positions, turn, progress["finished"])
 
     def state_dict(self) -> dict[str, Any]:
         """Plain JSON data: the epoch and, for each interrupted run of it, its topology and per
@@ -339,19 +327,19 @@ class TokenDataLoader(EpochLoader[token_plan.TokenInterrupt]):
         :func:`merge_token_states`."""
         progress = self._pass
         topology = self._topology
-        selection = self.dataset.selection
+        read_plan = self.dataset.read_plan
         state: dict[str, Any] = {
             "version": STATE_VERSION,
             "kind": STATE_KIND,
             "selection": self.dataset.fingerprint(),
         }
         if progress is None:
-            interrupts = [token_state.interrupt_json(i) for i in self._resume]
+            interrupts = [i.to_json() for i in self._resume]
             segments = self._segments if self._resume else None
-            scheduled = schedules.state_fields(selection, self._next_epoch, segments)
+            scheduled = schedules.state_fields(read_plan, self._next_epoch, segments)
             return {**state, **scheduled, "epoch": self._next_epoch, "interrupts": interrupts}
         if progress["finished"] and topology.world_size == 1:
-            scheduled = schedules.state_fields(selection, progress["epoch"] + 1, None)
+            scheduled = schedules.state_fields(read_plan, progress["epoch"] + 1, None)
             return {**state, **scheduled, "epoch": progress["epoch"] + 1, "interrupts": []}
         before: tuple[token_plan.TokenInterrupt, ...] = progress["interrupts"]
         earlier = None
@@ -365,11 +353,11 @@ class TokenDataLoader(EpochLoader[token_plan.TokenInterrupt]):
         entries = token_state.gather_entries(
             self._rank_entry(progress, earlier), topology.world_size
         )
-        interrupts = [token_state.interrupt_json(i) for i in before]
+        interrupts = [i.to_json() for i in before]
         return {
             **state,
             **schedules.state_fields(
-                self.dataset.selection, progress["epoch"], progress["segments"]
+                self.dataset.read_plan, progress["epoch"], progress["segments"]
             ),
             "epoch": progress["epoch"],
             "interrupts": [*interrupts, [*topology.to_json(), entries]],
@@ -381,23 +369,23 @@ class TokenDataLoader(EpochLoader[token_plan.TokenInterrupt]):
         """A scheduled loader resuming ``state``: (the schedule its runs used, the segments
         they were laid out with), checked field by field. A state of a ``mixing_weights``
         loader (``by_weights``) used this loader's first weights alone, in one segment."""
-        selection = self.dataset.selection
-        assert selection.schedule is not None
+        read_plan = self.dataset.read_plan
+        assert read_plan.schedule is not None
         if by_weights:
-            weights = dataclasses.replace(selection, schedule=None)
-            return selection.schedule[:1], (plan.epoch_length(weights, epoch),)
-        old = schedules.schedule_from_json(checks.field(state, "schedule"), len(selection.streams))
+            weights = dataclasses.replace(read_plan, schedule=None)
+            return read_plan.schedule[:1], (plan.epoch_length(weights, epoch),)
+        old = schedules.schedule_from_json(checks.field(state, "schedule"), len(read_plan.streams))
         segments = schedules.segments_from_json(checks.field(state, "segments"), records)
         return old, segments
 
-    def _by_weights(self, state: dict[str, Any], selection: str) -> bool:
+    def _by_weights(self, state: dict[str, Any], fingerprint: str) -> bool:
         """Whether a scheduled loader resumes a state of the ``mixing_weights`` loader of its
-        first entry's weights (``selection``, the state's fingerprint, is that loader's)."""
-        if self.dataset.selection.schedule is None or "schedule" in state:
+        first entry's weights (``fingerprint``, the state's, is that loader's)."""
+        if self.dataset.read_plan.schedule is None or "schedule" in state:
             return False
         twin = copy.copy(self.dataset)
-        twin.selection = dataclasses.replace(self.dataset.selection, schedule=None)
-        return selection == twin.fingerprint()
+        twin.read_plan = dataclasses.replace(self.dataset.read_plan, schedule=None)
+        return fingerprint == twin.fingerprint()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Makes the next pass the rest of the epoch ``state`` was taken in, on this loader's
@@ -422,15 +410,15 @@ class TokenDataLoader(EpochLoader[token_plan.TokenInterrupt]):
                 "This loader state was saved for another selection, seed, shuffle, mixing, "
                 "token column or eos_id"
             )
-        epoch = checks.integer(checks.field(state, "epoch"), "epoch")
-        records = sum(self.dataset.selection.totals())
-        schedule = self.dataset.selection.schedule
+        epoch = checks.epoch_of(state)
+        records = sum(self.dataset.read_plan.totals())
+        schedule = self.dataset.read_plan.schedule
         old, segments, boundaries = None, None, None
         if schedule is not None:  # laid out segment by segment, as the state's runs were
             old, segments = self._resumed_schedule(state, epoch, records, by_weights)
             length, boundaries = segments[-1], (0, *segments)
         else:
-            length = plan.epoch_length(self.dataset.selection, epoch)
+            length = plan.epoch_length(self.dataset.read_plan, epoch)
         interrupts = token_state.interrupts_from_json(
             checks.field(state, "interrupts"), length, records
         )

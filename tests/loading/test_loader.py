@@ -1,9 +1,9 @@
-"""SplitDataLoader (SPEC section 6 and the options beyond it) over SeaweedFS and the local store."""
+"""SplitDataLoader (SPEC section 6) over SeaweedFS and the local store: selection, ranks and
+workers, shuffle, worker start methods, resume, prefetch."""
 
 from __future__ import annotations
 
 import json
-import math
 import random
 import subprocess
 import sys
@@ -18,17 +18,21 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.data import get_worker_info  # noqa: E402
 
+from loader_data import (  # noqa: E402
+    ALL_TRAIN,
+    as_list,
+    keys,
+    make_dataset,
+    records_of,
+    run_python,
+    s3_client,
+)
 from syvain_training_data import SyvainTrainingData  # noqa: E402
 from syvain_training_data.loading.dataset import ShardDataset  # noqa: E402
 from syvain_training_data.loading.split_loader import SplitDataLoader  # noqa: E402
 
-SHARD_RECORDS = [5, 9, 3, 7, 4, 6, 8]  # 42 records in 7 shards
 # A wait for an event that must come: only a guard against a hang, never a measure of speed.
 HANG_GUARD_S = 60.0
-
-
-def as_list(batch: list[Any]) -> list[Any]:
-    return batch
 
 
 def tag_worker(batch: list[Any]) -> tuple[int, list[Any]]:
@@ -36,89 +40,17 @@ def tag_worker(batch: list[Any]) -> tuple[int, list[Any]]:
     return (-1 if info is None else info.id), batch
 
 
-def make_dataset(client: SyvainTrainingData, root: str) -> str:
-    """Seven shards in split train (stages easy = 0, 1, 2 and hard = 2, 3, 4, overlapping on
-    shard 2), and split val; returns the manifest URI."""
-    saver = client.dataset_saver(
-        f"{root}/shards-src/data-manifest.json", data_format="msgpack.zstf"
-    )
-    shards = [
-        saver.save(
-            "train",
-            None,
-            [{"shard": index, "i": i} for i in range(count)],
-            shard_id=f"{index:03d}",
-        )
-        for index, count in enumerate(SHARD_RECORDS)
-    ]
-    val = saver.save("val", None, [{"shard": 99, "i": 0}], shard_id="val")
-
-    def stage(indexes: list[int]) -> dict[str, Any]:
-        picked = [shards[i] for i in indexes]
-        return {
-            "records": sum(s.records for s in picked),
-            "shards": [s.model_dump() for s in picked],
-        }
-
-    manifest_uri = f"{root}/data-manifest.json"
-    client.save_manifest(
-        manifest_uri,
-        {
-            "version": 1,
-            "data_format": "msgpack.zstf",
-            "splits": {
-                "train": {
-                    "records": sum(SHARD_RECORDS),
-                    "shards": [s.model_dump() for s in shards],
-                    "curriculum": {"hard": stage([2, 3, 4]), "easy": stage([0, 1, 2])},
-                },
-                "val": {"records": 1, "shards": [val.model_dump()]},
-            },
-        },
-    )
-    return manifest_uri
-
-
-@pytest.fixture(scope="module")
-def local_dataset(tmp_path_factory) -> tuple[SyvainTrainingData, str]:
-    client = SyvainTrainingData()
-    root = f"file://{tmp_path_factory.mktemp('loader')}"
-    return client, make_dataset(client, root)
-
-
-@pytest.fixture(scope="module")
-def s3_dataset(seaweed, s3_bucket) -> tuple[SyvainTrainingData, str]:
-    client = SyvainTrainingData(
-        s3_base_url=seaweed.endpoint,
-        region=seaweed.region,
-        access_key_id=seaweed.access_key_id,
-        secret_access_key=seaweed.secret_access_key,
-    )
-    return client, make_dataset(client, f"s3://{s3_bucket}/loader-{uuid.uuid4().hex}")
-
-
-@pytest.fixture(params=["local", "s3"])
-def dataset(request) -> tuple[SyvainTrainingData, str]:
-    return request.getfixturevalue(f"{request.param}_dataset")
-
-
-def keys(batches) -> list[tuple[int, int]]:
-    return [(record["shard"], record["i"]) for batch in batches for record in batch]
-
-
-ALL_TRAIN = [(s, i) for s, count in enumerate(SHARD_RECORDS) for i in range(count)]
-
-
 # --- SPEC section 6 -------------------------------------------------------------------------
 
 
 def test_lazy_export_keeps_torch_out_of_base_import():
-    code = (
-        "import sys, syvain_training_data as p; assert 'torch' not in sys.modules; "
-        "from syvain_training_data import SplitDataLoader; assert 'torch' in sys.modules; "
-        "assert SplitDataLoader.__module__ == 'syvain_training_data.loading.split_loader'"
+    run_python(
+        "import sys, syvain_training_data as p",
+        "assert 'torch' not in sys.modules",
+        "from syvain_training_data import SplitDataLoader",
+        "assert 'torch' in sys.modules",
+        "assert SplitDataLoader.__module__ == 'syvain_training_data.loading.split_loader'",
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_split_and_stage_errors(local_dataset):
@@ -470,167 +402,7 @@ def test_next_shard_is_requested_before_the_current_one_ends(local_dataset, monk
     assert events.index("open part-002.msgpack.zstf") > events.index("end part-000.msgpack.zstf")
 
 
-# --- curriculum mixing -----------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def mix_dataset(tmp_path_factory) -> tuple[SyvainTrainingData, str]:
-    """Stages a (weight 3) and b (weight 1), two shards of 400 records each."""
-    client = SyvainTrainingData()
-    uri = f"file://{tmp_path_factory.mktemp('mix')}/data-manifest.json"
-    saver = client.dataset_saver(uri, data_format="jsonl.gz")
-    for stage, weight in (("a", 3), ("b", 1)):
-        for part in range(2):
-            saver.save(
-                "train",
-                stage,
-                [{"stage": stage, "part": part, "i": i} for i in range(400)],
-                curriculum_metadata={"weight": weight},
-                shard_id=f"{stage}-{part}",
-            )
-    saver.commit_manifest()
-    return client, uri
-
-
-def test_mixing_proportions_follow_the_weights(mix_dataset):
-    client, uri = mix_dataset
-    loader = client.split_data_loader(uri, as_list, {"batch_size": 16})
-    drawn = [r["stage"] for b in loader.load("train", mixing_weights={"a": 1, "b": 1}) for r in b]
-    # first_exhausted: the epoch ends at the first draw from an empty stage
-    assert Counter(drawn)["a"] <= 800 and Counter(drawn)["b"] <= 800
-    assert 800 in Counter(drawn).values()
-    assert abs(drawn.count("a") / len(drawn) - 0.5) < 0.05
-    weighted = loader.load("train", curriculum_stages=["a", "b"], mixing_weights="metadata")
-    stages = [r["stage"] for b in weighted for r in b]
-    assert stages.count("a") == 800  # a (weight 3) runs out first
-    assert abs(stages.count("a") / len(stages) - 0.75) < 0.04  # 3 sigma at ~1070 draws
-    again = loader.load("train", curriculum_stages=["a", "b"], mixing_weights="metadata")
-    assert [r["stage"] for b in again for r in b] == stages  # deterministic from the seed
-
-
-def test_mixing_until_all_exhausted_reads_everything_once(mix_dataset):
-    client, uri = mix_dataset
-    loader = client.split_data_loader(
-        uri, as_list, {"batch_size": 16, "num_workers": 2, "multiprocessing_context": "fork"}
-    )
-    seen = []
-    for rank in range(2):
-        dl = loader.load(
-            "train",
-            mixing_weights={"a": 3, "b": 1},
-            mixing_stop="all_exhausted",
-            rank=rank,
-            world_size=2,
-            seed=4,
-            shuffle_buffer=32,
-        )
-        seen += [(r["stage"], r["part"], r["i"]) for b in dl for r in b]
-    assert sorted(seen) == [(s, p, i) for s in "ab" for p in range(2) for i in range(400)]
-
-
-def test_mixing_resumes_mid_epoch(mix_dataset):
-    client, uri = mix_dataset
-    loader = client.split_data_loader(
-        uri, as_list, {"batch_size": 16, "num_workers": 2, "multiprocessing_context": "fork"}
-    )
-
-    def load():
-        return loader.load("train", mixing_weights={"a": 3, "b": 1}, stateful=True, seed=9)
-
-    def flat(batches):
-        return [(r["stage"], r["part"], r["i"]) for b in batches for r in b]
-
-    whole = flat(load())
-    first = load()
-    it = iter(first)
-    before = [next(it) for _ in range(30)]
-    state = first.state_dict()
-    del it
-    resumed = load()
-    resumed.load_state_dict(state)
-    assert sorted(flat(before) + flat(resumed)) == sorted(whole)
-
-
-def test_mixing_argument_errors(mix_dataset, local_dataset):
-    client, uri = mix_dataset
-    loader = client.split_data_loader(uri, as_list)
-    with pytest.raises(ValueError, match="exactly the stages"):
-        loader.load("train", curriculum_stages=["a"], mixing_weights={"a": 1, "b": 1})
-    with pytest.raises(ValueError, match="positive finite weight"):
-        loader.load("train", mixing_weights={"a": 1, "b": 0})
-    with pytest.raises(ValueError, match="needs curriculum_stages"):
-        loader.load("train", mixing_weights="metadata")
-    with pytest.raises(ValueError, match="mixing_stop must be one of"):
-        loader.load("train", mixing_weights={"a": 1, "b": 1}, mixing_stop="never")
-    local_client, local_uri = local_dataset
-    no_weights = local_client.split_data_loader(local_uri, as_list)
-    with pytest.raises(ValueError, match="'easy' needs a positive finite weight, got None"):
-        no_weights.load("train", curriculum_stages=["easy", "hard"], mixing_weights="metadata")
-
-
-def _mix_manifest(weights: dict[str, Any]) -> Any:
-    """A manifest of two stages whose metadata hold ``weights`` (shards never read)."""
-    from syvain_training_data import DataManifest
-
-    shards = {
-        stage: {"uri": f"file:///nowhere/{stage}.jsonl.gz", "records": 10, "size_bytes": 100}
-        for stage in weights
-    }
-    return DataManifest.model_validate(
-        {
-            "version": 1,
-            "data_format": "jsonl.gz",
-            "splits": {
-                "train": {
-                    "records": 10 * len(weights),
-                    "shards": list(shards.values()),
-                    "curriculum": {
-                        stage: {"records": 10, "shards": [shards[stage]], "metadata": {"weight": w}}
-                        for stage, w in weights.items()
-                    },
-                }
-            },
-        },
-        strict=True,
-    )
-
-
-@pytest.mark.parametrize(
-    ("weights", "bad_stage", "shown"),
-    [
-        ({"a": 1e308, "b": 1e-308}, "b", "1e-308"),
-        ({"a": 1e308, "b": 1e308}, "a", "1e+308"),
-        ({"a": 1.7e308, "b": 1.7e308, "c": 1.0}, "a", "1.7e+308"),
-        ({"a": 1, "b": 10**400}, "b", "1329 bits"),
-        ({"a": 10**300, "b": 1}, "b", "1.0"),
-        ({"a": True, "b": 1}, "a", "True"),
-        ({"a": 1, "b": 0}, "b", "0"),
-        ({"a": -2.5, "b": 1}, "a", "-2.5"),
-        ({"a": 1, "b": "1"}, "b", "'1'"),
-        ({"a": 1, "b": None}, "b", "None"),
-    ],
-)
-def test_extreme_metadata_mixing_weights_are_value_errors_naming_stage_and_weight(
-    weights, bad_stage, shown
-):
-    loader = SplitDataLoader(_mix_manifest(weights), as_list)
-    stages = list(weights)
-    for mixing_weights in ("metadata", dict(weights)):
-        with pytest.raises(ValueError, match=f"stage {bad_stage!r}") as info:
-            iter(loader.load("train", curriculum_stages=stages, mixing_weights=mixing_weights))
-        assert shown in str(info.value) and len(str(info.value)) < 300
-
-
-@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
-def test_non_finite_mapping_mixing_weights_are_value_errors(bad):
-    loader = SplitDataLoader(_mix_manifest({"a": 1, "b": 2}), as_list)
-    with pytest.raises(ValueError, match=f"stage 'b' needs a positive finite weight, got {bad!r}"):
-        loader.load("train", curriculum_stages=["a", "b"], mixing_weights={"a": 1, "b": bad})
-
-
-def test_mixing_weights_far_apart_but_within_bounds_still_mix(tmp_path):
-    loader = SplitDataLoader(_mix_manifest({"a": 1e30, "b": 1e-8}), as_list)
-    loader.load("train", curriculum_stages=["a", "b"], mixing_weights="metadata")
+# --- after a finished pass, without torch, across schemes ------------------------------------
 
 
 def test_resume_after_a_finished_pass_starts_the_next_epoch(local_dataset):
@@ -647,25 +419,19 @@ def test_resume_after_a_finished_pass_starts_the_next_epoch(local_dataset):
 
 
 def test_without_torch_the_error_names_the_extra():
-    code = (
-        "import sys; sys.modules['torch'] = None\n"
-        "try:\n"
-        "    from syvain_training_data import SplitDataLoader\n"
-        "except ModuleNotFoundError as error:\n"
-        "    assert \"pip install 'syvain-training-data[torch]'\" in str(error), error\n"
-        "else:\n"
-        "    raise SystemExit('no error')\n"
+    run_python(
+        "import sys; sys.modules['torch'] = None",
+        "try:",
+        "    from syvain_training_data import SplitDataLoader",
+        "except ModuleNotFoundError as error:",
+        "    assert \"pip install 'syvain-training-data[torch]'\" in str(error), error",
+        "else:",
+        "    raise SystemExit('no error')",
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_an_s3_manifest_cannot_point_the_loader_at_local_files(seaweed, s3_bucket, tmp_path):
-    client = SyvainTrainingData(
-        s3_base_url=seaweed.endpoint,
-        region=seaweed.region,
-        access_key_id=seaweed.access_key_id,
-        secret_access_key=seaweed.secret_access_key,
-    )
+    client = s3_client(seaweed)
     local = tmp_path / "part.jsonl.gz"
     saver = client.dataset_saver(f"file://{tmp_path}/src/data-manifest.json")
     shard = saver.save("train", None, [{"i": 1}], shard_id="a")
@@ -684,8 +450,4 @@ def test_an_s3_manifest_cannot_point_the_loader_at_local_files(seaweed, s3_bucke
     with pytest.raises(ValueError, match=r"^Manifest s3://.* names shard file://"):
         loader.load("train")
     trusted = client.split_data_loader(uri, as_list, allow_mixed_schemes=True)
-    assert keys_of(trusted.load("train")) == [{"i": 1}]
-
-
-def keys_of(batches) -> list[Any]:
-    return [record for batch in batches for record in batch]
+    assert records_of(trusted.load("train")) == [{"i": 1}]

@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from loader_data import publish_shards, s3_client  # noqa: E402
 from syvain_training_data import SyvainTrainingData  # noqa: E402
 
 SHARDS = {"msgpack.zstf": [37, 5, 61, 18, 44], "jsonl.gz": [23, 71, 9, 50]}
@@ -24,14 +25,12 @@ def record_ids(batch: list[Any]) -> list[str]:
 
 def make_dataset(client: SyvainTrainingData, root: str, data_format: str) -> tuple[str, set[str]]:
     uri = f"{root}/{data_format}/data-manifest.json"
-    saver = client.dataset_saver(uri, data_format=data_format)
-    ids = set()
-    for shard, count in enumerate(SHARDS[data_format]):
-        records = [{"id": f"{shard}-{i}", "text": "x" * (i % 13)} for i in range(count)]
-        ids.update(r["id"] for r in records)
-        saver.save("train", None, records, shard_id=f"{shard:03d}")
-    saver.commit_manifest()
-    return uri, ids
+    shards = [
+        [{"id": f"{shard}-{i}", "text": "x" * (i % 13)} for i in range(count)]
+        for shard, count in enumerate(SHARDS[data_format])
+    ]
+    ids = {record["id"] for records in shards for record in records}
+    return publish_shards(client, uri, data_format, shards), ids
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +42,7 @@ def local_sets(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def s3_sets(seaweed, s3_bucket):
-    client = SyvainTrainingData(
-        s3_base_url=seaweed.endpoint,
-        region=seaweed.region,
-        access_key_id=seaweed.access_key_id,
-        secret_access_key=seaweed.secret_access_key,
-    )
+    client = s3_client(seaweed)
     root = f"s3://{s3_bucket}/resume-{uuid.uuid4().hex}"
     return client, {fmt: make_dataset(client, root, fmt) for fmt in SHARDS}
 
@@ -101,10 +95,9 @@ def test_resume_on_another_topology_yields_the_rest_exactly_once(
     assert Counter(first + rest) == Counter(ids)
 
 
-def test_resume_over_seaweedfs_with_spawned_workers(s3_sets, seaweed, monkeypatch):
+def test_resume_over_seaweedfs_with_spawned_workers(s3_sets, s3_env):
+    # Spawned workers take the secret from the environment (s3_env).
     client, sets = s3_sets
-    for name, value in seaweed.env().items():  # spawned workers take the secret from here
-        monkeypatch.setenv(name, value)
     uri, ids = sets["msgpack.zstf"]
     first, state = run(client, uri, 2, 2, 4, 5, context="spawn", seed=3)
     rest, _ = run(client, uri, 3, 2, 6, None, state=state, context="spawn", seed=3)

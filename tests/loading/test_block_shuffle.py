@@ -16,6 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from loader_data import s3_client  # noqa: E402
 from syvain_training_data import SyvainTrainingData  # noqa: E402
 from syvain_training_data.formats.shard_index import INDEX_SUFFIX, ShardIndex  # noqa: E402
 from syvain_training_data.storage import get_object  # noqa: E402
@@ -49,15 +50,6 @@ def write_sources(client: SyvainTrainingData, root: str, data_format: str, paylo
         saver.save("train", None, records, shard_id=f"{source:03d}")
     saver.commit_manifest()
     return manifest_uri
-
-
-def s3_client(seaweed) -> SyvainTrainingData:
-    return SyvainTrainingData(
-        s3_base_url=seaweed.endpoint,
-        region=seaweed.region,
-        access_key_id=seaweed.access_key_id,
-        secret_access_key=seaweed.secret_access_key,
-    )
 
 
 @pytest.fixture(scope="module")

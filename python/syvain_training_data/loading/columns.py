@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -23,54 +22,19 @@ from torch.utils.data import get_worker_info
 from syvain_training_data import _native
 from syvain_training_data._native import ShardBatch
 from syvain_training_data.loading.bundles import BUNDLE_BATCHES, Bundle, as_is, bundled, in_turn
-from syvain_training_data.loading.dataloader import SyvainDataLoader
+from syvain_training_data.loading.dataloader import RecordDataLoader
 from syvain_training_data.loading.dataset import ShardDataset
+from syvain_training_data.loading.list_columns import int_lists
 from syvain_training_data.loading.reader import ShardRange
 from syvain_training_data.loading.shard_indexes import ShardIndexes
 from syvain_training_data.loading.transfer import BatchRing, for_transfer
-from syvain_training_data.shard import iter_shard_batches
 
-__all__ = ["ColumnDataLoader", "ColumnDataset", "TensorCollate", "int_lists", "lengths_key"]
+__all__ = ["ColumnDataLoader", "ColumnDataset", "TensorCollate", "lengths_key"]
 
 # Slots of a column loader's batch ring: a batch tensor up to this size travels through it (a
 # larger one through torch's shared memory, as fast as the pipe from about this size on). Only
 # the pages batches write are used.
 RING_SLOT_BYTES = 512 << 10
-
-
-def int_lists(batch: Any, column: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(offsets, int64 values) of a list-of-ints column of a native or pyarrow batch, without a
-    copy of the native buffers. Raises KeyError for a missing column, ValueError or TypeError
-    for one that is not a list of ints without nulls."""
-    if isinstance(batch, ShardBatch):
-        offsets, values = batch.int_list_buffers(column)
-        return _tensor(offsets, torch.int32), _tensor(values, torch.int64)
-    return _arrow_int_lists(batch.column(column))
-
-
-def _tensor(buffer: Any, dtype: torch.dtype) -> torch.Tensor:
-    if len(buffer) == 0:
-        return torch.empty(0, dtype=dtype)
-    with warnings.catch_warnings():
-        # The buffer is read-only and so is the view: whoever yields it copies it first.
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.frombuffer(buffer, dtype=dtype)
-
-
-def _arrow_int_lists(column: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """A pyarrow list-of-integers array (from a Parquet shard) as (offsets, int64 values)."""
-    import pyarrow as pa
-
-    if not pa.types.is_list(column.type) or column.null_count:
-        raise TypeError(f"{column.type} with {column.null_count} nulls")
-    values = column.values
-    if not (pa.types.is_integer(values.type) or pa.types.is_null(values.type)):
-        raise TypeError(str(column.type))
-    if values.null_count and not pa.types.is_null(values.type):
-        raise TypeError(f"{column.type} with null items")
-    offsets = torch.from_numpy(column.offsets.to_numpy().astype("int64"))
-    flat = values.cast(pa.int64()).to_numpy(zero_copy_only=False)
-    return offsets, torch.from_numpy(flat.astype("int64", copy=True))
 
 
 class ColumnDataset(ShardDataset):
@@ -107,22 +71,12 @@ class ColumnDataset(ShardDataset):
     ) -> Iterator[dict[str, Any]]:
         table_index, start, stop = shard_range
         shard = self.table.shard(table_index)
-        batches = iter_shard_batches(
-            self.data_format,
-            shard,
-            columns=self.columns,
-            storage_config=self.storage_config,
-            batch_size=self.batch_rows,
-            start=start,
-            stop=stop,
-            index=self.range_segment(shard, start, stop, indexes),
-            readahead_bytes=self.readahead,
-        )
+        batches = self.column_batches(shard, start, stop, indexes, self.columns)
         for batch in batches:
             yield from _batch_records(batch, self.columns)
 
 
-class ColumnDataLoader(SyvainDataLoader):
+class ColumnDataLoader(RecordDataLoader):
     """The DataLoader ``load(columns=)`` returns: its workers send bundles of tensor batches
     (through a batch ring), which it hands out in the order of batches sent one by one."""
 

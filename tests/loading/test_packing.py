@@ -60,6 +60,15 @@ def model(lengths, records: Records, eos_id, cut_at=None):
     return stream
 
 
+def random_case(seed, choices, most_records, most_seq_len, most_batch):
+    """(rng, record lengths, records, seq_len, batch size) drawn from ``seed``: up to
+    ``most_records`` records of lengths among ``choices``."""
+    rng = random.Random(seed)
+    lengths = [rng.choice(choices) for _ in range(rng.randint(1, most_records))]
+    records = records_of(lengths, rng)
+    return rng, lengths, records, rng.randint(1, most_seq_len), rng.randint(1, most_batch)
+
+
 def flat(batches, key):
     return [v for b, _, _ in batches for row in b[key].tolist() for v in row]
 
@@ -70,11 +79,8 @@ def test_a_run_packs_as_its_records_one_by_one(seed, eos_id):
     # A decoded batch goes to the packer as one run; the batches, their channels and the
     # position after each must be those of its records added one at a time (empty records,
     # eos and cut records included), and the channels those of the per-token model.
-    rng = random.Random(seed)
-    lengths = [rng.choice([0, 1, 2, 5, 9]) for _ in range(rng.randint(1, 30))]
-    records = records_of(lengths, rng)
+    rng, lengths, records, seq_len, batch = random_case(seed, [0, 1, 2, 5, 9], 30, 4, 3)
     bounds = records.bounds
-    seq_len, batch = rng.randint(1, 4), rng.randint(1, 3)
     no_cut = Cut({}, 0, [(0, len(lengths))])
 
     def packed(pieces):
@@ -135,10 +141,7 @@ def test_a_cut_record_keeps_counting_its_positions(seed, eos_id):
 @pytest.mark.parametrize("eos_id", [None, 5])
 @pytest.mark.parametrize("seed", range(6))
 def test_rows_hold_one_record_each_padded_or_truncated(seed, eos_id):
-    rng = random.Random(seed)
-    lengths = [rng.choice([0, 1, 3, 6, 11]) for _ in range(rng.randint(1, 20))]
-    records = records_of(lengths, rng)
-    seq_len, batch = rng.randint(1, 8), rng.randint(1, 4)
+    rng, lengths, records, seq_len, batch = random_case(seed, [0, 1, 3, 6, 11], 20, 8, 4)
     channels = TokenChannels(documents=True, loss_mask=True, rows=True)
     packer = RowPacker(seq_len, batch, -1, eos_id, None, channels)
     split = rng.randint(1, len(lengths))

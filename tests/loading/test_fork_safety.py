@@ -1,4 +1,4 @@
-"""A forked child never hangs on what its parent left behind (issue 27, item 1).
+"""A forked child never hangs on what its parent left behind.
 
 ``fork()`` copies a process's memory but only the forking thread. Locks that another thread of
 the parent held at that moment (the I/O runtime's scheduler, a connection pool, a channel) stay
@@ -25,6 +25,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from loader_data import publish_shards, s3_client  # noqa: E402
 from syvain_training_data import SyvainTrainingData, iter_shard  # noqa: E402
 
 FORKS = 120
@@ -43,12 +44,8 @@ def _records(shard: int) -> list[dict[str, Any]]:
 
 
 def _publish(client: SyvainTrainingData, root: str) -> str:
-    manifest_uri = f"{root}/data-manifest.json"
-    saver = client.dataset_saver(manifest_uri, data_format="msgpack.zstf")
-    for shard in range(SHARDS):
-        saver.save("train", None, _records(shard), shard_id=f"{shard:02d}")
-    saver.commit_manifest()
-    return manifest_uri
+    shards = (_records(shard) for shard in range(SHARDS))
+    return publish_shards(client, f"{root}/data-manifest.json", "msgpack.zstf", shards, 2)
 
 
 @pytest.fixture(scope="module", params=["local", "s3"])
@@ -59,12 +56,7 @@ def published(request, tmp_path_factory) -> tuple[SyvainTrainingData, str]:
     else:
         seaweed = request.getfixturevalue("seaweed")
         bucket = request.getfixturevalue("s3_bucket")
-        client = SyvainTrainingData(
-            s3_base_url=seaweed.endpoint,
-            region=seaweed.region,
-            access_key_id=seaweed.access_key_id,
-            secret_access_key=seaweed.secret_access_key,
-        )
+        client = s3_client(seaweed)
         root = f"s3://{bucket}/fork-safety-{uuid.uuid4().hex}"
     return client, _publish(client, root)
 

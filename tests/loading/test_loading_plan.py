@@ -4,49 +4,36 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loader_data import run_python, topologies
 from syvain_training_data.loading import block_order, mixing, plan, record_plan
 from syvain_training_data.loading.block_order import BlockOrder, window_counts
 
 counts_strategy = st.lists(st.integers(1, 60), min_size=1, max_size=12)
-topology_strategy = st.builds(
-    plan.Topology,
-    world_size=st.integers(1, 128),
-    workers=st.integers(1, 17),
-    batch_size=st.integers(1, 64),
-    drop_last=st.booleans(),
-)
+topology_strategy = topologies(128, 17, 64)
 
 
 # Resume chains recompute each consumer's part alone, as a worker does: smaller topologies.
-small_topology = st.builds(
-    plan.Topology,
-    world_size=st.integers(1, 12),
-    workers=st.integers(1, 5),
-    batch_size=st.integers(1, 16),
-    drop_last=st.booleans(),
-)
+small_topology = topologies(12, 5, 16)
 
 
-def epoch_positions(selection: plan.Selection, epoch: int) -> list[tuple[int, int]]:
+def epoch_positions(read_plan: plan.ReadPlan, epoch: int) -> list[tuple[int, int]]:
     """Every position of the epoch as (shard, record), in epoch order (single stream)."""
-    order = selection.orders(epoch)[0]
+    order = read_plan.orders(epoch)[0]
     if isinstance(order, plan.StreamOrder):
         return [(s, r) for s, a, b in order.segments(0, order.total) for r in range(a, b)]
     return list(order.records(0, order.total))
 
 
 def consumers(
-    selection: plan.Selection, total: int, topology: plan.Topology
+    read_plan: plan.ReadPlan, total: int, topology: plan.Topology
 ) -> list[list[tuple[int, int]]]:
-    layout = record_plan.run_layout(selection, total, (), topology)
+    layout = record_plan.run_layout(read_plan, total, (), topology)
     return [part for rank in sorted(layout) for part in layout[rank]]
 
 
@@ -57,9 +44,9 @@ def positions(intervals: list[tuple[int, int]]) -> list[int]:
 @settings(max_examples=120, deadline=None)
 @given(counts=counts_strategy, topology=topology_strategy, equal=st.booleans())
 def test_parts_are_disjoint_complete_balanced_and_in_epoch_order(counts, topology, equal):
-    selection = plan.Selection(streams=(tuple(counts),), equal_batches=equal)
+    read_plan = plan.ReadPlan(streams=(tuple(counts),), equal_batches=equal)
     total = sum(counts)
-    parts = consumers(selection, total, topology)
+    parts = consumers(read_plan, total, topology)
     flat = [p for part in parts for p in positions(part)]
     # Rank-major, worker-minor concatenation is the epoch order itself: no topology changes it.
     kept = total - total % topology.world_size if equal else total
@@ -76,7 +63,7 @@ def test_parts_are_disjoint_complete_balanced_and_in_epoch_order(counts, topolog
         assert max(sizes) - min(sizes) <= 1
     if equal:
         batches = {
-            record_plan.rank_batches(selection, total, (), topology, r)
+            record_plan.rank_batches(read_plan, total, (), topology, r)
             for r in range(topology.world_size)
         }
         assert len(batches) == 1
@@ -92,12 +79,12 @@ def blocked_counts(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[int, ...]]:
 @given(blocked=blocked_counts(), seed=st.integers(0, 2**32), window=st.integers(0, 40))
 def test_the_seeded_order_is_a_permutation_of_blocks_interleaved_in_order(blocked, seed, window):
     counts, blocks = blocked
-    selection = plan.Selection(streams=(counts,), seed=seed, window=window, blocks=(blocks,))
+    read_plan = plan.ReadPlan(streams=(counts,), seed=seed, window=window, blocks=(blocks,))
     every = sorted((s, r) for s, n in enumerate(counts) for r in range(n))
-    first = epoch_positions(selection, 0)
+    first = epoch_positions(read_plan, 0)
     assert sorted(first) == every
-    assert epoch_positions(selection, 0) == first
-    order = selection.orders(0)[0]
+    assert epoch_positions(read_plan, 0) == first
+    order = read_plan.orders(0)[0]
     assert isinstance(order, BlockOrder)
     # Each window holds at most `window` blocks, each a run of one shard, read in order.
     for window_ in {(w := order.window_at(p)).first: w for p in range(order.total)}.values():
@@ -117,8 +104,8 @@ def test_any_stretch_of_a_window_reads_one_contiguous_range_per_block(blocked, s
     positions [low, high) hold, of each block, the records window_counts(low) to
     window_counts(high)."""
     counts, blocks = blocked
-    selection = plan.Selection(streams=(counts,), seed=seed, window=8, blocks=(blocks,))
-    order = selection.orders(1)[0]
+    read_plan = plan.ReadPlan(streams=(counts,), seed=seed, window=8, blocks=(blocks,))
+    order = read_plan.orders(1)[0]
     total = order.total
     marks = sorted({0, total, *(c % (total + 1) for c in cuts)})
     for low, high in itertools.pairwise(marks):
@@ -141,8 +128,8 @@ def test_windows_mix_blocks_from_across_the_selection():
     and a batch of 32 consecutive positions draws from about as many shards as a uniform
     permutation's (25.3)."""
     counts = (500,) * 64
-    selection = plan.Selection(streams=(counts,), seed=3, window=64, blocks=(counts,))
-    order = list(selection.orders(0)[0].records(0, 32_000))
+    read_plan = plan.ReadPlan(streams=(counts,), seed=3, window=64, blocks=(counts,))
+    order = list(read_plan.orders(0)[0].records(0, 32_000))
     distinct = [len({s for s, _ in order[i : i + 32]}) for i in range(0, 32_000, 32)]
     assert sum(distinct) / len(distinct) > 0.9 * 25.3
 
@@ -160,14 +147,14 @@ def test_resume_chains_yield_the_rest_exactly_once(counts, runs, last, equal, re
     epoch (less the equal-batches leftovers) is received exactly once."""
     if repeat:  # the last run resumes on the interrupted topology
         last = runs[-1][0]
-    selection = plan.Selection(streams=(tuple(counts),), equal_batches=equal)
+    read_plan = plan.ReadPlan(streams=(tuple(counts),), equal_batches=equal)
     total = sum(counts)
     received: Counter[int] = Counter()
     interrupts: list[plan.Interrupt] = []
     for topology, batches in runs:
         for rank in range(topology.world_size):
             parts = [
-                record_plan.consumer_part(selection, total, interrupts, topology, rank, w)
+                record_plan.consumer_part(read_plan, total, interrupts, topology, rank, w)
                 for w in range(topology.workers)
             ]
             sizes = [len(positions(part)) for part in parts]
@@ -182,7 +169,7 @@ def test_resume_chains_yield_the_rest_exactly_once(counts, runs, last, equal, re
         for worker in range(last.workers):
             received.update(
                 positions(
-                    record_plan.consumer_part(selection, total, interrupts, last, rank, worker)
+                    record_plan.consumer_part(read_plan, total, interrupts, last, rank, worker)
                 )
             )
     assert all(count == 1 for count in received.values())
@@ -240,18 +227,17 @@ def test_a_state_names_a_few_integers():
 
 
 def test_the_plan_imports_without_torch():
-    code = (
-        "import sys; sys.modules['torch'] = None\n"
-        "from syvain_training_data.loading import plan\n"
-        "assert plan.split_evenly(10, 3, 1) == (3, 6)\n"
+    run_python(
+        "import sys; sys.modules['torch'] = None",
+        "from syvain_training_data.loading import plan",
+        "assert plan.split_evenly(10, 3, 1) == (3, 6)",
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_one_shard_feeds_64_ranks_of_8_workers():
-    selection = plan.Selection(streams=((1000,),))
+    read_plan = plan.ReadPlan(streams=((1000,),))
     topology = plan.Topology(64, 8, 4, False)
-    sizes = [len(positions(part)) for part in consumers(selection, 1000, topology)]
+    sizes = [len(positions(part)) for part in consumers(read_plan, 1000, topology)]
     assert sum(sizes) == 1000 and max(sizes) - min(sizes) <= 1 and min(sizes) == 1
 
 
@@ -259,11 +245,11 @@ def test_blocks_are_permuted_in_groups_and_still_once(monkeypatch):
     monkeypatch.setattr(block_order, "GROUP_BLOCKS", 3)
     counts = (4, 1, 7, 2, 9, 3, 5, 6)
     blocks = (2, 1, 3, 2, 4, 1, 5, 2)
-    selection = plan.Selection(streams=(counts,), seed=4, window=5, blocks=(blocks,))
-    first = epoch_positions(selection, 0)
+    read_plan = plan.ReadPlan(streams=(counts,), seed=4, window=5, blocks=(blocks,))
+    first = epoch_positions(read_plan, 0)
     assert sorted(first) == sorted((s, r) for s, n in enumerate(counts) for r in range(n))
-    assert first != epoch_positions(selection, 1)
-    order = selection.orders(0)[0]
+    assert first != epoch_positions(read_plan, 1)
+    order = read_plan.orders(0)[0]
     assert len(order.group_bounds) > 3
 
 
@@ -272,13 +258,13 @@ def test_a_window_holds_a_bounded_interleaving(monkeypatch):
     blocks rather than interleave more than MAX_WINDOW_RECORDS records."""
     monkeypatch.setattr(block_order, "MAX_WINDOW_RECORDS", 100)
     counts = (60, 50, 40, 200, 10)
-    selection = plan.Selection(streams=(counts,), seed=2, window=64)
-    order = selection.orders(0)[0]
+    read_plan = plan.ReadPlan(streams=(counts,), seed=2, window=64)
+    order = read_plan.orders(0)[0]
     windows = {(w := order.window_at(p)).first: w for p in range(order.total)}
     for window_ in windows.values():
         held = sum(n for _, _, n in window_.blocks)
         assert held <= 100 or len(window_.blocks) == 1
-    assert sorted(epoch_positions(selection, 0)) == sorted(
+    assert sorted(epoch_positions(read_plan, 0)) == sorted(
         (s, r) for s, n in enumerate(counts) for r in range(n)
     )
 
@@ -287,14 +273,14 @@ def test_a_window_holds_a_bounded_interleaving(monkeypatch):
 
 
 def rank_rests(
-    selection: plan.Selection,
+    read_plan: plan.ReadPlan,
     total: int,
     interrupts: list[plan.Interrupt],
     interrupt: plan.Interrupt,
 ) -> list[list[int]]:
     """Per rank, the positions its workers had not consumed when a run of
     ``interrupt.topology`` after ``interrupts`` stopped after ``interrupt.batches`` batches."""
-    layout = record_plan.run_layout(selection, total, interrupts, interrupt.topology)
+    layout = record_plan.run_layout(read_plan, total, interrupts, interrupt.topology)
     return [
         sorted(p for rest in record_plan._unread(layout[rank], interrupt) for p in positions(rest))
         for rank in sorted(layout)
@@ -324,10 +310,10 @@ def test_two_runs_on_one_topology_are_one_run_of_both_batches(
     if mixed:  # two stages mixed: the epoch length comes from the mixed order
         half = max(1, len(counts) // 2)
         streams = (tuple(counts[:half]), tuple(counts[half:]) or (1,))
-        selection = plan.Selection(streams=streams, weights=(1.0, 2.5), seed=seed, window=3)
+        read_plan = plan.ReadPlan(streams=streams, weights=(1.0, 2.5), seed=seed, window=3)
     else:
-        selection = plan.Selection(streams=(tuple(counts),), equal_batches=equal, seed=seed)
-    total = plan.epoch_length(selection, 0)
+        read_plan = plan.ReadPlan(streams=(tuple(counts),), equal_batches=equal, seed=seed)
+    total = plan.epoch_length(read_plan, 0)
     earlier: tuple[plan.Interrupt, ...] = ()
     for t, b in before:  # as the loader saves them: merged as they come
         earlier = plan.appended(earlier, plan.Interrupt(t, b))
@@ -340,16 +326,16 @@ def test_two_runs_on_one_topology_are_one_run_of_both_batches(
     ) == len(merged)
     assert list(plan.merged_tail(composed)) == merged
     # What the two runs left is what the merged run left, rank by rank.
-    assert rank_rests(selection, total, [*earlier, one], two) == rank_rests(
-        selection, total, merged[:-1], merged[-1]
+    assert rank_rests(read_plan, total, [*earlier, one], two) == rank_rests(
+        read_plan, total, merged[:-1], merged[-1]
     )
     # A later run of that topology: the same layout, worker for worker.
-    assert record_plan.run_layout(selection, total, composed, topology) == record_plan.run_layout(
-        selection, total, merged, topology
+    assert record_plan.run_layout(read_plan, total, composed, topology) == record_plan.run_layout(
+        read_plan, total, merged, topology
     )
     for rank in range(topology.world_size):
-        assert record_plan.rank_batches(selection, total, composed, topology, rank) == (
-            record_plan.rank_batches(selection, total, merged, topology, rank)
+        assert record_plan.rank_batches(read_plan, total, composed, topology, rank) == (
+            record_plan.rank_batches(read_plan, total, merged, topology, rank)
         )
     # A later run of any topology reads the records both left. (Not always worker for worker:
     # after the two runs the rest lies in the second run's worker order, rotated by the first
@@ -358,9 +344,9 @@ def test_two_runs_on_one_topology_are_one_run_of_both_batches(
     # differ.)
     if same_after:
         after = topology
-    rest = sorted(p for rank in rank_rests(selection, total, merged[:-1], merged[-1]) for p in rank)
-    from_composed = left(selection, total, composed, after)
-    from_merged = left(selection, total, merged, after)
+    rest = sorted(p for rank in rank_rests(read_plan, total, merged[:-1], merged[-1]) for p in rank)
+    from_composed = left(read_plan, total, composed, after)
+    from_merged = left(read_plan, total, merged, after)
     if equal and after != topology:
         assert len(from_composed) == len(from_merged) > len(rest) - after.world_size
         assert set(from_composed) <= set(rest) and set(from_merged) <= set(rest)
@@ -368,8 +354,8 @@ def test_two_runs_on_one_topology_are_one_run_of_both_batches(
         assert from_composed == from_merged == rest
 
 
-def left(selection, total, interrupts, topology) -> list[int]:
-    layout = record_plan.run_layout(selection, total, interrupts, topology)
+def left(read_plan, total, interrupts, topology) -> list[int]:
+    layout = record_plan.run_layout(read_plan, total, interrupts, topology)
     return sorted(p for parts in layout.values() for part in parts for p in positions(part))
 
 
@@ -385,8 +371,8 @@ def test_a_seeded_consumer_plans_its_windows_as_it_reads():
         return ((shard, record) for record in range(start, stop))
 
     for counts in ([10**9], [10**15], [10**6] * 1000):
-        selection = plan.Selection(streams=(tuple(counts),), seed=0, window=64)
-        order = selection.orders(0)[0]
+        read_plan = plan.ReadPlan(streams=(tuple(counts),), seed=0, window=64)
+        order = read_plan.orders(0)[0]
         with line_budget(300_000):  # ~180,000 lines for any part size; 7.6M before
             records = consumer_records(
                 [order], [list(range(len(counts)))], None, [(0, order.total)], open_range
@@ -400,15 +386,15 @@ def test_unseeded_states_of_earlier_releases_still_load_and_seeded_ones_do_not()
     """The unseeded order did not change with the seeded block order (v3), so its fingerprint
     is the one earlier releases saved (values computed by the release before v3); a seeded
     state names another order and is refused."""
-    mixed = plan.Selection(
+    mixed = plan.ReadPlan(
         streams=((5, 9, 3), (4,)), weights=(1.0, 2.0), equal_batches=True, identity="abc"
     )
     assert mixed.fingerprint() == "ec59a1e13d0fa877"
-    assert plan.Selection(streams=((5, 9, 3),), identity="abc").fingerprint() == "96168aa59c567146"
-    seeded = plan.Selection(streams=((5, 9, 3),), seed=1, window=64, identity="abc")
+    assert plan.ReadPlan(streams=((5, 9, 3),), identity="abc").fingerprint() == "96168aa59c567146"
+    seeded = plan.ReadPlan(streams=((5, 9, 3),), seed=1, window=64, identity="abc")
     assert (
         seeded.fingerprint()
-        != plan.Selection(
+        != plan.ReadPlan(
             streams=((5, 9, 3),), seed=1, window=64, identity="abc", blocks=((5, 3, 3),)
         ).fingerprint()
     )

@@ -119,18 +119,8 @@ def test_documents_and_loss_mask_follow_every_token(
 ):
     client, docs, uris = sets
     seq_len, batch = 16, 3
-    received, _ = run(
-        client,
-        uris[data_format],
-        ranks,
-        workers,
-        batch,
-        seq_len,
-        documents=True,
-        loss_mask_column="mask",
-        eos_id=eos_id,
-        seed=seed,
-    )
+    load = {"documents": True, "loss_mask_column": "mask", "eos_id": eos_id, "seed": seed}
+    received, _ = run(client, uris[data_format], ranks, workers, batch, seq_len, **load)
     for batches in received:
         for b in batches:
             assert set(b) == {"tokens", "positions", "loss_mask"}
@@ -176,19 +166,14 @@ def test_channels_resume_on_another_topology(sets, before, after, eos_id):
 def test_rows_hold_one_record_each(sets, data_format, ranks, workers, seed, eos_id):
     client, docs, uris = sets
     seq_len, batch, pad = 24, 4, -7
-    received, _ = run(
-        client,
-        uris[data_format],
-        ranks,
-        workers,
-        batch,
-        seq_len,
-        pack=False,
-        pad_id=pad,
-        eos_id=eos_id,
-        loss_mask_column="mask",
-        seed=seed,
-    )
+    load = {
+        "pack": False,
+        "pad_id": pad,
+        "eos_id": eos_id,
+        "loss_mask_column": "mask",
+        "seed": seed,
+    }
+    received, _ = run(client, uris[data_format], ranks, workers, batch, seq_len, **load)
     seen = Counter()
     for batches in received:
         for b in batches:

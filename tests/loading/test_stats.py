@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fault_proxy import FaultProxy, reset_after, status  # noqa: E402
+from loader_data import s3_client  # noqa: E402
 from syvain_training_data import SyvainTrainingData  # noqa: E402
 from syvain_training_data._native import StreamCounters  # noqa: E402
 from syvain_training_data.loading.stats import RETRY_CAUSES, LoaderStats  # noqa: E402
@@ -31,15 +32,6 @@ def publish(client: SyvainTrainingData, manifest_uri: str) -> None:
         records = ({"shard": shard, "i": i, "text": "x" * 40} for i in range(SHARD_RECORDS))
         saver.save("train", None, records, shard_id=f"{shard:03d}")
     saver.commit_manifest()
-
-
-def s3_client(seaweed: Any, endpoint: str | None = None) -> SyvainTrainingData:
-    return SyvainTrainingData(
-        s3_base_url=endpoint or seaweed.endpoint,
-        region=seaweed.region,
-        access_key_id=seaweed.access_key_id,
-        secret_access_key=seaweed.secret_access_key,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -151,12 +143,10 @@ def test_a_dropped_connection_is_counted_as_a_connection_retry(
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_workers_retries_are_summed_in_the_main_process(
-    seaweed, s3_dataset, fault_proxy: FaultProxy, monkeypatch, context
+    s3_env, s3_dataset, fault_proxy: FaultProxy, context
 ):
     _, uri = s3_dataset
-    for name, value in seaweed.env().items():
-        monkeypatch.setenv(name, value)
-    client = s3_client(seaweed, fault_proxy.endpoint)
+    client = s3_client(s3_env, fault_proxy.endpoint)
     args = {"batch_size": BATCH, "num_workers": 2, "multiprocessing_context": context}
     loader = client.split_data_loader(uri, as_list, args).load("train")
     fault_proxy.script(

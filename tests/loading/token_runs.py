@@ -1,19 +1,45 @@
-"""Token runs for the load_tokens tests: real runs of every rank of a loader (``run_ranks``),
-and runs simulated from the plan and the packer alone, with no I/O (what each consumer of a
-run yields, and what a run leaves for the next), for the property tests of token resumes."""
+"""Token runs for the load_tokens tests: a dataset of unique token ids, real runs of every rank
+of a loader (``run_ranks``), and runs simulated from the plan and the packer alone, with no
+I/O (what each consumer of a run yields, and what a run leaves for the next), for the property
+tests of token resumes."""
 
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from hypothesis import strategies as st
 
-from syvain_training_data.loading import plan, token_plan
+from loader_data import publish_shards, topologies
+from syvain_training_data import SyvainTrainingData
+from syvain_training_data.loading import token_plan
 from syvain_training_data.loading.packing import TokenPacker
 from syvain_training_data.loading.tokens import merge_token_states
+
+# Shard formats of the token tests (each reads its token lists another way).
+FORMATS = ["msgpack.zstf", "jsonl.gz", "parquet"]
+
+
+def make_token_dataset(client: SyvainTrainingData, root: str, data_format: str) -> tuple[str, list]:
+    """Shards whose records hold unique token ids (0, 1, 2, ... in manifest order), some
+    records empty, some longer than a block. Returns the URI and each record's tokens."""
+    uri = f"{root}/{data_format}/data-manifest.json"
+    draw = random.Random(data_format)
+    documents: list[list[int]] = []
+    next_id = 0
+    shards = []
+    for _ in range(5):
+        records = []
+        for _ in range(draw.randint(4, 30)):
+            length = draw.choice([0, 1, 3, draw.randint(1, 40), draw.randint(40, 90)])
+            tokens = list(range(next_id, next_id + length))
+            next_id += length
+            documents.append(tokens)
+            records.append({"tokens": tokens, "name": f"doc{len(documents)}"})
+        shards.append(records)
+    return publish_shards(client, uri, data_format, shards), documents
 
 
 def simulate_consumer(lengths, part, cuts, seq_len, batch, drop_last, first_id):
@@ -75,13 +101,7 @@ def simulate_run(lengths, interrupts, topology, seq_len, taken_per_rank, boundar
     return tokens, interrupt, streams
 
 
-token_topology = st.builds(
-    plan.Topology,
-    world_size=st.integers(1, 6),
-    workers=st.integers(1, 4),
-    batch_size=st.integers(1, 4),
-    drop_last=st.booleans(),
-)
+token_topology = topologies(6, 4, 4)
 
 
 def run_ranks(
