@@ -32,6 +32,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from syvain_training_data.extras import missing_extra
+
 try:
     import pyarrow as pa
     import ray.data
@@ -40,11 +42,7 @@ try:
     from ray.data.datasource import Datasink, Datasource, ReadTask, WriteResult
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 except ModuleNotFoundError as error:  # pragma: no cover - exercised without the extra
-    raise ModuleNotFoundError(
-        "syvain_training_data.ray needs Ray Data, the 'ray' extra: "
-        "pip install 'syvain-training-data[ray]'",
-        name=error.name,
-    ) from error
+    raise missing_extra("syvain_training_data.ray needs Ray Data", "ray", error) from error
 
 from syvain_training_data.loading.selection import select_shards
 from syvain_training_data.manifest import DataManifest, DataManifestDataFormat, ManifestShard

@@ -11,14 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
+from syvain_training_data.extras import missing_extra
+
 try:
     import torch  # noqa: F401 (the extra's check, before anything imports it)
 except ModuleNotFoundError as error:  # pragma: no cover - exercised without the extra
-    raise ModuleNotFoundError(
-        "SplitDataLoader needs PyTorch, the 'torch' extra: "
-        "pip install 'syvain-training-data[torch]'",
-        name=error.name,
-    ) from error
+    raise missing_extra("SplitDataLoader needs PyTorch", "torch", error) from error
 
 from torch.utils.data import DataLoader
 
