@@ -1,4 +1,4 @@
-"""A checkpoint is input too (issue 27): hostile and corrupt loader states are ValueErrors that
+"""A checkpoint is input too: hostile and corrupt loader states are ValueErrors that
 name the field, rejected before anything is computed from them, for ``load``, ``load(columns=)``,
 ``load_tokens`` and the per-worker dataset state; and the cap on interrupted runs counts only
 topology changes."""

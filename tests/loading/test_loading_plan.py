@@ -269,7 +269,7 @@ def test_a_window_holds_a_bounded_interleaving(monkeypatch):
     )
 
 
-# --- runs on one topology merge into one (issue 27) ---------------------------------------
+# --- runs on one topology merge into one ----------------------------------------------------
 
 
 def rank_rests(

@@ -1,4 +1,4 @@
-"""Loader and stream counters (issue 17, part 3): ``loader.stats()``, the periodic log line,
+"""Loader and stream counters: ``loader.stats()``, the periodic log line,
 retries by cause through the fault proxy, and workers' counters reaching the main process."""
 
 from __future__ import annotations
