@@ -280,8 +280,8 @@ def test_create_only_put_whose_answer_was_lost_succeeds_on_its_own_bytes(
     spooled.write_bytes(data)
     writers = {
         "put": lambda uri: storage.put_object(uri, data, storage_config=config, create_only=True),
-        "put_chunks": lambda uri: _native.put_chunks(
-            client, uri, [data[:1000], data[1000:]], create_only=True
+        "put_chunks": lambda uri: storage.put_object(
+            uri, [data[:1000], data[1000:]], storage_config=config, create_only=True
         ),
         "put_file": lambda uri: _native.put_file(client, uri, spooled, create_only=True),
     }

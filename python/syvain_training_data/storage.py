@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime
 import functools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Final
 
@@ -446,14 +446,15 @@ def head_object(uri: str, *, storage_config: StorageConfig | None = None) -> Obj
 
 def put_object(
     uri: str,
-    data: bytes,
+    data: bytes | Sequence[bytes],
     *,
     storage_config: StorageConfig | None = None,
     content_type: str | None = None,
     metadata: Mapping[str, str] | None = None,
     create_only: bool = False,
 ) -> ObjectInfo:
-    """Writes an object. With ``create_only`` an existing object raises FileExistsError.
+    """Writes an object from bytes, or from a sequence of chunks sent without being joined.
+    With ``create_only`` an existing object raises FileExistsError.
 
     ``content_type`` and ``metadata`` become object attributes on S3; the local directory store
     keeps only the bytes.

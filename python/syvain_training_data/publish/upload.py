@@ -93,8 +93,7 @@ def _upload(
                 part_size=rules.part_size,
             )
         else:
-            size, etag = _native.put_chunks(
-                client,
+            size, etag = client.put(
                 uri,
                 spool.chunks,
                 content_type=content_type,
