@@ -502,3 +502,71 @@ def open_stream(
     Iterate for ``bytes`` chunks, or call ``read(n)``. Close it (or use ``with``) to stop early.
     """
     return _client(storage_config).open_stream(uri, size_bytes, etag=etag, start=start, end=end)
+
+
+def put_file(
+    uri: str,
+    path: str | os.PathLike[str],
+    *,
+    storage_config: StorageConfig | None = None,
+    content_type: str | None = None,
+    metadata: Mapping[str, str] | None = None,
+    create_only: bool = False,
+    single_put_max: int = _native.SINGLE_PUT_MAX,
+    multipart_threshold: int = _native.MULTIPART_THRESHOLD,
+    part_size: int = _native.PART_SIZE,
+) -> ObjectInfo:
+    """Uploads a local file as an object: one PUT up to ``multipart_threshold`` bytes (and a
+    create-only one up to ``single_put_max``), else a multipart upload streamed from the file in
+    ``part_size`` parts. Errors as :func:`put_object`."""
+    size, etag = _native.put_file(
+        _client(storage_config),
+        uri,
+        path,
+        content_type=content_type,
+        metadata=dict(metadata) if metadata else None,
+        create_only=create_only,
+        single_put_max=single_put_max,
+        multipart_threshold=multipart_threshold,
+        part_size=part_size,
+    )
+    return ObjectInfo(uri=uri, size=size, etag=etag)
+
+
+def download_object(
+    uri: str,
+    path: str | os.PathLike[str],
+    *,
+    size_bytes: int,
+    etag: str | None = None,
+    cancel: Any = None,
+    storage_config: StorageConfig | None = None,
+) -> tuple[int, str]:
+    """Streams an immutable object of ``size_bytes`` bytes into a new file at ``path`` and
+    returns (size, lowercase hex SHA-256); see ``_native.download_object`` for ``cancel`` and
+    the errors. On every error the file is removed."""
+    return _native.download_object(
+        _client(storage_config), uri, path, size_bytes=size_bytes, etag=etag, cancel=cancel
+    )
+
+
+def open_shard(
+    uri: str, data_format: str, *, storage_config: StorageConfig | None = None, **read: Any
+) -> _native.ShardReader:
+    """A msgpack.zstf or jsonl.gz shard decoded off the GIL; ``read`` are the keyword arguments
+    of ``NativeStorage.open_shard`` (size, records, etag, range, segment, readahead)."""
+    return _client(storage_config).open_shard(uri, data_format, **read)
+
+
+def open_shard_batches(
+    uri: str, data_format: str, *, storage_config: StorageConfig | None = None, **read: Any
+) -> _native.ShardBatchReader:
+    """Arrow record batches of a msgpack.zstf or jsonl.gz shard, built off the GIL; ``read``
+    are the keyword arguments of ``NativeStorage.open_shard_batches``."""
+    return _client(storage_config).open_shard_batches(uri, data_format, **read)
+
+
+def check_storage_config(storage_config: StorageConfig) -> None:
+    """Builds the config's native client now, so that a bad endpoint or a withheld secret fails
+    here rather than on the first request (see :func:`native_storage`)."""
+    native_storage(storage_config)

@@ -85,10 +85,10 @@ from syvain_training_data.publish.spool import Spool, encode_native, encode_parq
 from syvain_training_data.publish.upload import create_or_match, stream_sha256, upload_spool
 from syvain_training_data.storage import (
     StorageConfig,
+    check_storage_config,
     get_object,
     head_object,
     list_objects,
-    native_storage,
     put_object,
 )
 from syvain_training_data.uris import check_shard_scheme, plain_etag, portable_etag
@@ -149,7 +149,7 @@ class DatasetSaver:
         self._split_orders: dict[str, tuple[str, ...]] = {}
         self._expected: dict[tuple[str, str | None], frozenset[str]] = {}
         self._lock = threading.RLock()
-        native_storage(self.storage_config)  # a bad endpoint fails now
+        check_storage_config(self.storage_config)  # a bad endpoint fails now
 
     # -- pickling: everything but the lock ---------------------------------------------------
 

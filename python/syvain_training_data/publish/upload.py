@@ -8,7 +8,6 @@ import logging
 from collections.abc import Callable
 from typing import Final
 
-from syvain_training_data import _native
 from syvain_training_data.errors import ObjectDataError, PublicationConflictError, ShardDataError
 from syvain_training_data.formats.shard_index import INDEX_SUFFIX, FrameOffsets
 from syvain_training_data.manifest import DataManifestDataFormat, ManifestShard
@@ -18,8 +17,8 @@ from syvain_training_data.storage import (
     delete_object,
     get_object,
     head_object,
-    native_storage,
     open_stream,
+    put_file,
     put_object,
 )
 from syvain_training_data.uris import portable_etag
@@ -77,14 +76,13 @@ def _upload(
     """:func:`upload_spool`, also saying whether this call wrote the object (False: an
     identical existing object was reused)."""
     content_type, attributes = OBJECT_ATTRIBUTES[data_format]
-    client = native_storage(storage_config)
     rules = limits()
     try:
         if spool.path is not None:
-            size, etag = _native.put_file(
-                client,
+            info = put_file(
                 uri,
                 spool.path,
+                storage_config=storage_config,
                 content_type=content_type,
                 metadata=attributes,
                 create_only=create_only,
@@ -93,14 +91,15 @@ def _upload(
                 part_size=rules.part_size,
             )
         else:
-            size, etag = client.put(
+            info = put_object(
                 uri,
                 spool.chunks,
+                storage_config=storage_config,
                 content_type=content_type,
                 metadata=attributes,
                 create_only=create_only,
             )
-        return size, etag, True
+        return info.size, info.etag, True
     except FileExistsError:
         etag = _check_existing_bytes(uri, spool.size, spool.sha256(), storage_config)
         logger.info("Reusing the identical existing object %s", uri)

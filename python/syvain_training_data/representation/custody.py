@@ -28,14 +28,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, NoReturn
 
-from syvain_training_data import _native
 from syvain_training_data.errors import (
     ObjectChangedError,
     ObjectDataError,
     RepresentationIntegrityError,
     ShardDataError,
 )
-from syvain_training_data.storage import StorageConfig, head_object, native_storage
+from syvain_training_data.storage import StorageConfig, download_object, head_object
 from syvain_training_data.uris import plain_etag
 
 __all__ = [
@@ -147,7 +146,6 @@ def fetch(
         PermissionError, StorageRetryExhaustedError, OSError (InterruptedError when
             cancelled), KeyboardInterrupt: unchanged.
     """
-    storage = native_storage(storage_config)
     with custody_errors(uri, missing_is_integrity=missing_is_integrity):
         info = head_object(uri, storage_config=storage_config)
         if size is not None and info.size != size:
@@ -157,13 +155,13 @@ def fetch(
                 uri, f"the {what} has etag {info.etag} but etag {etag} is claimed (replaced?)"
             )
         path = workspace.new_path(uri)
-        received, digest = _native.download_object(
-            storage,
+        received, digest = download_object(
             uri,
             path,
             size_bytes=info.size,
             etag=info.etag or etag or None,
             cancel=cancel,
+            storage_config=storage_config,
         )
     if sha256 is not None and digest != sha256:
         with contextlib.suppress(FileNotFoundError):
