@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr, ValidationError
 
+from syvain_training_data.credentials import provider_name
 from syvain_training_data.manifest import (
     DataManifest,
     canonical_manifest_bytes,
@@ -18,7 +19,6 @@ from syvain_training_data.manifest import (
 from syvain_training_data.storage import (
     StorageConfig,
     check_storage_config,
-    provider_name,
     put_object,
 )
 
