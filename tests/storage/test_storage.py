@@ -26,6 +26,7 @@ from fault_proxy import (
     stall_after,
     status,
 )
+from memory import CHILD_PRELUDE
 from seaweed import config_for
 from syvain_training_data import (
     ObjectChangedError,
@@ -72,14 +73,6 @@ def big_object(seaweed, s3_bucket) -> Iterator[tuple[str, str, storage.ObjectInf
     info = storage.put_object(uri, data, storage_config=config_for(seaweed))
     yield uri, hashlib.sha256(data).hexdigest(), info
     storage.delete_object(uri, storage_config=config_for(seaweed))
-
-
-@pytest.fixture(params=["s3", "file"])
-def store_root(request, seaweed, s3_bucket, unique_prefix, tmp_path) -> tuple[str, StorageConfig]:
-    """A writable prefix URI and its config, on SeaweedFS and on the local directory store."""
-    if request.param == "s3":
-        return f"s3://{s3_bucket}/{unique_prefix}", config_for(seaweed)
-    return f"file://{tmp_path}/store", StorageConfig()
 
 
 # --- point operations, both stores ---------------------------------------------------------
@@ -369,14 +362,12 @@ def test_ctrl_c_interrupts_a_blocked_read(seaweed, fault_proxy, big_object):
     # A shell that starts a job in the background (as CI runners may) hands it SIGINT ignored,
     # and Python then leaves it ignored; the child restores Ctrl-C as a terminal would have it.
     # The credentials go through the environment so that no failure output shows them.
-    script = textwrap.dedent(
+    script = CHILD_PRELUDE + textwrap.dedent(
         f"""
-        import os, signal, sys
+        import signal, sys
         from syvain_training_data import storage
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        config = storage.StorageConfig.create(s3_base_url={fault_proxy.endpoint!r},
-            region={seaweed.region!r}, access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
-            secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"])
+        config = s3_config({fault_proxy.endpoint!r}, {seaweed.region!r})
         stream = storage.open_stream({uri!r}, size_bytes={info.size}, storage_config=config)
         try:
             print("reading", flush=True)
