@@ -354,3 +354,20 @@ fn count<O: OffsetSizeTrait>(offsets: &[O], i: usize) -> PyResult<usize> {
 fn invalid_offsets() -> PyErr {
     PyValueError::new_err("invalid Arrow offsets")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_offsets_must_stay_inside_the_child_and_not_decrease() {
+        assert_eq!(child_range(&[0i32, 1, 3], 0, 2, 3).unwrap(), (0, 3));
+        assert_eq!(child_range(&[0i32, 1, 3], 1, 1, 3).unwrap(), (1, 3));
+        // Past the child's 3 values, or negative.
+        assert!(child_range(&[0i32, 2, 4], 0, 2, 3).is_err());
+        assert!(child_range(&[-1i32, 0, 1], 0, 2, 3).is_err());
+        assert_eq!(count(&[0i64, 2, 5], 1).unwrap(), 3);
+        assert!(count(&[0i32, 2, 1], 1).is_err(), "decreasing");
+        assert!(count(&[i64::MIN, i64::MAX], 0).is_err(), "overflow");
+    }
+}
