@@ -175,32 +175,21 @@ fn the_stream_fails_closed_on_a_wrong_size_or_a_missing_object() {
 
 #[test]
 fn a_download_writes_and_hashes_every_byte() {
-    let (dir, data, _) = local_object("object.bin", 2_500_000);
+    let (dir, data, uri) = local_object("object.bin", 2_500_000);
     let storage = local_storage();
     let target = dir.path("copy.bin");
-    let (size, digest) = download_to_file(
-        &Uninterrupted,
-        &storage,
-        &dir.uri("object.bin"),
-        &target,
-        data.len() as u64,
-        None,
-        || Ok(false),
-    )
-    .unwrap();
+    let download = || {
+        let size = data.len() as u64;
+        download_to_file(&Uninterrupted, &storage, &uri, &target, size, None, || {
+            Ok(false)
+        })
+    };
+    let (size, digest) = download().unwrap();
     assert_eq!(size, data.len() as u64);
     assert_eq!(digest, hex::encode(Sha256::digest(&data)));
     assert_eq!(std::fs::read(&target).unwrap(), data);
     // The target is never replaced.
-    let again = download_to_file(
-        &Uninterrupted,
-        &storage,
-        &dir.uri("object.bin"),
-        &target,
-        data.len() as u64,
-        None,
-        || Ok(false),
-    );
+    let again = download();
     assert!(matches!(again, Err(NativeError::Io { .. })), "{again:?}");
 }
 

@@ -72,6 +72,37 @@ pub fn convert<'py>(
             }
         }};
     }
+    // str (`text`) or bytes values of a string or binary array.
+    macro_rules! strings {
+        ($array:expr, $text:expr) => {{
+            let array = $array;
+            let offsets = array.value_offsets();
+            bytes(
+                py,
+                offsets,
+                array.value_data(),
+                valid,
+                start,
+                len,
+                $text,
+                out,
+            )?
+        }};
+    }
+    macro_rules! lists {
+        ($array:expr) => {{
+            let array = $array;
+            list(
+                py,
+                array.value_offsets(),
+                array.values(),
+                valid,
+                start,
+                len,
+                out,
+            )?
+        }};
+    }
     let mut ints = IntCache::new(len);
     let mut int = |v: i64| ints.get(py, v);
     let mut uint = |v: u64| match i64::try_from(v) {
@@ -104,58 +135,10 @@ pub fn convert<'py>(
         DataType::UInt64 => primitive!(UInt64Type, uint),
         DataType::Float32 => primitive!(Float32Type, |v| float(f64::from(v))),
         DataType::Float64 => primitive!(Float64Type, float),
-        DataType::Utf8 => {
-            let array = array.as_string::<i32>();
-            bytes(
-                py,
-                array.value_offsets(),
-                array.value_data(),
-                valid,
-                start,
-                len,
-                true,
-                out,
-            )?
-        }
-        DataType::LargeUtf8 => {
-            let array = array.as_string::<i64>();
-            bytes(
-                py,
-                array.value_offsets(),
-                array.value_data(),
-                valid,
-                start,
-                len,
-                true,
-                out,
-            )?
-        }
-        DataType::Binary => {
-            let array = array.as_binary::<i32>();
-            bytes(
-                py,
-                array.value_offsets(),
-                array.value_data(),
-                valid,
-                start,
-                len,
-                false,
-                out,
-            )?
-        }
-        DataType::LargeBinary => {
-            let array = array.as_binary::<i64>();
-            bytes(
-                py,
-                array.value_offsets(),
-                array.value_data(),
-                valid,
-                start,
-                len,
-                false,
-                out,
-            )?
-        }
+        DataType::Utf8 => strings!(array.as_string::<i32>(), true),
+        DataType::LargeUtf8 => strings!(array.as_string::<i64>(), true),
+        DataType::Binary => strings!(array.as_binary::<i32>(), false),
+        DataType::LargeBinary => strings!(array.as_binary::<i64>(), false),
         DataType::FixedSizeBinary(_) => {
             let array = array.as_fixed_size_binary();
             for i in start..start + len {
@@ -166,30 +149,8 @@ pub fn convert<'py>(
                 });
             }
         }
-        DataType::List(_) => {
-            let array = array.as_list::<i32>();
-            list(
-                py,
-                array.value_offsets(),
-                array.values(),
-                valid,
-                start,
-                len,
-                out,
-            )?
-        }
-        DataType::LargeList(_) => {
-            let array = array.as_list::<i64>();
-            list(
-                py,
-                array.value_offsets(),
-                array.values(),
-                valid,
-                start,
-                len,
-                out,
-            )?
-        }
+        DataType::List(_) => lists!(array.as_list::<i32>()),
+        DataType::LargeList(_) => lists!(array.as_list::<i64>()),
         DataType::FixedSizeList(_, _) => {
             let array = array.as_fixed_size_list();
             let size = array.value_length() as usize;
