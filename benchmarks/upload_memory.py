@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from seaweed import start_seaweed  # noqa: E402
-from syvain_training_data import _native, storage  # noqa: E402
+from syvain_training_data import storage  # noqa: E402
 
 MIB = 1024 * 1024
 
@@ -53,7 +53,6 @@ def main() -> None:
             access_key_id=server.access_key_id,
             secret_access_key=server.secret_access_key,
         )
-        client = storage.native_storage(config)
         storage.list_objects("s3://bench/", storage_config=config)  # client and runtime built
         base_anon = status_bytes("RssAnon")
         peak = {"anon": base_anon, "file": 0}
@@ -68,7 +67,10 @@ def main() -> None:
         sampler = threading.Thread(target=sample)
         sampler.start()
         started = time.perf_counter()
-        size, _ = _native.put_file(client, "s3://bench/shard.bin", source, create_only=True)
+        info = storage.put_file(
+            "s3://bench/shard.bin", source, storage_config=config, create_only=True
+        )
+        size = info.size
         seconds = time.perf_counter() - started
         done.set()
         sampler.join()
