@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from seaweed import config_for, start_seaweed  # noqa: E402
-from syvain_training_data import _native, storage  # noqa: E402
+from syvain_training_data import storage  # noqa: E402
 
 MIB = 1024 * 1024
 
@@ -72,12 +72,14 @@ def main() -> None:
             for _ in range(args.gib * 1024):
                 out.write(block)
         config = config_for(server)
-        client = storage.native_storage(config)
         storage.list_objects("s3://bench/", storage_config=config)  # client and runtime built
         base_anon = status_bytes("RssAnon")
         with resident_peaks() as peak:
             started = time.perf_counter()
-            size, _ = _native.put_file(client, "s3://bench/shard.bin", source, create_only=True)
+            info = storage.put_file(
+                "s3://bench/shard.bin", source, storage_config=config, create_only=True
+            )
+            size = info.size
             seconds = time.perf_counter() - started
         print(
             json.dumps(

@@ -173,6 +173,13 @@ class FakeAws(_Serving):
         self._server.fake = self
         self._serve()
 
+    def read(self, config: Any, times: int = 1) -> None:
+        """Reads ``times`` objects from this store with ``config`` (a StorageConfig)."""
+        from syvain_training_data.storage import get_object
+
+        for i in range(times):
+            assert get_object(f"s3://bucket/key-{i}", storage_config=config) == b"hello"
+
     def s3_requests(self) -> list[tuple[str, str, dict[str, str]]]:
         """The requests made to the store (not to the credential services)."""
         with self.lock:
@@ -343,3 +350,17 @@ def certificate_authority(directory: str) -> tuple[str, str, str]:
     openssl("x509", "-req", "-in", str(csr), "-CA", str(ca_cert), "-CAkey", str(ca_key),
             "-CAcreateserial", "-out", str(cert), "-days", "2", "-extfile", str(ext))  # fmt: skip
     return str(ca_cert), str(cert), str(key)
+
+
+def returns_answer(value: Any) -> Any:
+    """A credential provider named ``bad_provider`` that returns ``value``."""
+
+    def provider() -> Any:
+        return value
+
+    provider.__qualname__ = "bad_provider"
+    return provider
+
+
+ANSWER_SECRET = "do-not-echo-this-secret"
+GOOD_ANSWER = {"access_key_id": "AKID", "secret_access_key": ANSWER_SECRET}

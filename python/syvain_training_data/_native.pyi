@@ -27,7 +27,7 @@ class NativeStorage:
     def put(
         self,
         uri: str,
-        data: bytes,
+        data: bytes | Sequence[bytes],  # a sequence: chunks sent without being joined
         *,
         content_type: str | None = None,
         metadata: dict[str, str] | None = None,
@@ -178,15 +178,6 @@ SINGLE_PUT_MAX: int
 MULTIPART_THRESHOLD: int
 PART_SIZE: int
 
-def put_chunks(
-    storage: NativeStorage,
-    uri: str,
-    chunks: list[bytes],
-    *,
-    content_type: str | None = None,
-    metadata: dict[str, str] | None = None,
-    create_only: bool = False,
-) -> tuple[int, str]: ...
 def put_file(
     storage: NativeStorage,
     uri: str,

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from pydantic import SecretStr, ValidationError
 
+from syvain_training_data.credentials import provider_name
 from syvain_training_data.manifest import (
     DataManifest,
     canonical_manifest_bytes,
@@ -18,8 +19,7 @@ from syvain_training_data.manifest import (
 )
 from syvain_training_data.storage import (
     StorageConfig,
-    native_storage,
-    provider_name,
+    check_storage_config,
     put_object,
 )
 
@@ -83,7 +83,7 @@ class SyvainTrainingData:
             from syvain_training_data.aws import require_botocore
 
             require_botocore(f"profile {profile!r}")  # asked for by name: fail now, not later
-        native_storage(self._storage_config)  # validates the endpoint now, not on first use
+        check_storage_config(self._storage_config)  # validates the endpoint now, not on first use
 
     @classmethod
     def from_env(
@@ -112,7 +112,7 @@ class SyvainTrainingData:
             profile=None if skip or keys else env.get("AWS_PROFILE") or None,
             picklable_secret=picklable_secret,
         )
-        native_storage(client._storage_config)
+        check_storage_config(client._storage_config)
         return client
 
     @property

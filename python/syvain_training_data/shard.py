@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from syvain_training_data.formats import check_data_format
 from syvain_training_data.formats.shard_index import Segment, ShardIndex
 from syvain_training_data.manifest import DataManifestDataFormat, ManifestShard
-from syvain_training_data.storage import StorageConfig, native_storage
+from syvain_training_data.storage import StorageConfig, open_shard, open_shard_batches
 
 __all__ = ["ArrowRecordBatch", "iter_shard", "iter_shard_batches"]
 
@@ -137,9 +137,10 @@ def read_records(
     """`iter_shard` of a msgpack.zstf or jsonl.gz shard, decoding ``batch_records`` records at
     a time (the loader reads many ranges at once with small batches); with ``segment``, only
     its bytes are requested."""
-    reader = native_storage(storage_config or StorageConfig()).open_shard(
+    reader = open_shard(
         shard.uri,
         data_format,
+        storage_config=storage_config,
         size_bytes=shard.size_bytes,
         etag=shard.etag or None,
         readahead_bytes=readahead_bytes,
@@ -199,9 +200,10 @@ def iter_shard_batches(
         )
         return
     segment = _segment(data_format, shard, start, stop, index)
-    yield from native_storage(storage_config or StorageConfig()).open_shard_batches(
+    yield from open_shard_batches(
         shard.uri,
         data_format,
+        storage_config=storage_config,
         size_bytes=shard.size_bytes,
         etag=shard.etag or None,
         columns=selected,

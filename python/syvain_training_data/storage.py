@@ -13,10 +13,9 @@ SPEC section 4 and releases the GIL while it waits. Errors:
 
 from __future__ import annotations
 
-import datetime
 import functools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Final
 
@@ -24,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, SecretStr, model_valida
 
 from syvain_training_data import _native
 from syvain_training_data._native import ObjectStream
+from syvain_training_data.credentials import provider_for
 from syvain_training_data.errors import ObjectChangedError, StorageRetryExhaustedError
 
 __all__ = [
@@ -323,110 +323,8 @@ def native_storage(config: StorageConfig) -> _native.NativeStorage:
         session_token=token,
         virtual_hosted_style_request=config.virtual_hosted_style_request,
         skip_signature=config.skip_signature,
-        credential_provider=_provider_for(config),
+        credential_provider=provider_for(config),
     )
-
-
-def _provider_for(config: StorageConfig) -> _ProviderCall | None:
-    """The callable the native client asks for credentials, or None (static keys, unsigned,
-    or the native default chain)."""
-    if config.credential_provider is not None:
-        return _ProviderCall(config.credential_provider)
-    if config.profile is not None:
-        from syvain_training_data.aws import AwsProfile
-
-        # Without botocore, the first s3:// request names the extra (file:// ones still work).
-        return _ProviderCall(AwsProfile(config.profile))
-    if config.credential_source != "chain":
-        return None
-    # The chain: AWS_PROFILE comes after the environment's keys and before the rest (which the
-    # native chain tries); without botocore it fails the first s3:// request, not file:// ones.
-    profile = os.environ.get("AWS_PROFILE") or None
-    has_keys = os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY")
-    if profile is None or has_keys:
-        return None
-    from syvain_training_data.aws import AwsProfile
-
-    return _ProviderCall(AwsProfile(profile, source="AWS_PROFILE"))
-
-
-_PROVIDER_KEYS: Final = frozenset(
-    {"access_key_id", "secret_access_key", "session_token", "expires_at"}
-)
-
-
-def provider_name(provider: object) -> str:
-    """A provider's name for messages: its qualified name, never its ``repr`` (which could
-    show arguments such as a token)."""
-    if isinstance(provider, functools.partial):
-        provider = provider.func
-    name = getattr(provider, "__qualname__", None)
-    if not isinstance(name, str):
-        name = type(provider).__qualname__
-    module = getattr(provider, "__module__", None) or type(provider).__module__
-    return f"{module}.{name}" if module and module != "builtins" else name
-
-
-class _ProviderCall:
-    """Calls a ``credential_provider`` and checks what it returns: ``(access_key_id,
-    secret_access_key, session_token, seconds until expires_at)`` for the native client.
-    Errors name the provider and the field, never a value."""
-
-    def __init__(self, provider: Callable[[], Mapping[str, Any]]) -> None:
-        self.provider = provider
-        self.name = provider_name(provider)
-
-    def __repr__(self) -> str:
-        return f"credential_provider {self.name}"
-
-    def __call__(self) -> tuple[str, str, str | None, float | None]:
-        try:
-            returned = self.provider()
-        except Exception as error:
-            first = str(error).splitlines()[0] if str(error) else ""
-            raise ValueError(
-                f"{self!r} raised {type(error).__name__}: {first}".rstrip(": ")
-            ) from error
-        if not isinstance(returned, Mapping):
-            raise TypeError(
-                f"{self!r} returned {type(returned).__name__}; expected a mapping with "
-                "access_key_id, secret_access_key, optional session_token and expires_at"
-            )
-        unknown = sorted(str(key) for key in returned if key not in _PROVIDER_KEYS)
-        if unknown:
-            raise ValueError(f"{self!r} returned unknown keys {unknown}")
-        values: list[str | None] = []
-        for field in ("access_key_id", "secret_access_key", "session_token"):
-            value = returned.get(field)
-            if value is None and field == "session_token":
-                values.append(None)
-                continue
-            if value is None:
-                raise ValueError(f"{self!r} returned no {field}")
-            if not isinstance(value, str):
-                raise TypeError(
-                    f"{self!r} returned {field} of type {type(value).__name__}; expected str"
-                )
-            if not value:
-                raise ValueError(f"{self!r} returned an empty {field}")
-            values.append(value)
-        expires_at = returned.get("expires_at")
-        seconds: float | None = None
-        if expires_at is not None:
-            if not isinstance(expires_at, datetime.datetime):
-                raise TypeError(
-                    f"{self!r} returned expires_at of type {type(expires_at).__name__}; "
-                    "expected an aware datetime"
-                )
-            if expires_at.utcoffset() is None:
-                raise ValueError(
-                    f"{self!r} returned a naive expires_at; expected an aware datetime "
-                    "(e.g. datetime.now(timezone.utc) + timedelta(hours=1))"
-                )
-            seconds = (expires_at - datetime.datetime.now(datetime.UTC)).total_seconds()
-        key_id, secret, token = values
-        assert key_id is not None and secret is not None
-        return key_id, secret, token, seconds
 
 
 def _client(storage_config: StorageConfig | None) -> _native.NativeStorage:
@@ -446,14 +344,15 @@ def head_object(uri: str, *, storage_config: StorageConfig | None = None) -> Obj
 
 def put_object(
     uri: str,
-    data: bytes,
+    data: bytes | Sequence[bytes],
     *,
     storage_config: StorageConfig | None = None,
     content_type: str | None = None,
     metadata: Mapping[str, str] | None = None,
     create_only: bool = False,
 ) -> ObjectInfo:
-    """Writes an object. With ``create_only`` an existing object raises FileExistsError.
+    """Writes an object from bytes, or from a sequence of chunks sent without being joined.
+    With ``create_only`` an existing object raises FileExistsError.
 
     ``content_type`` and ``metadata`` become object attributes on S3; the local directory store
     keeps only the bytes.
@@ -501,3 +400,71 @@ def open_stream(
     Iterate for ``bytes`` chunks, or call ``read(n)``. Close it (or use ``with``) to stop early.
     """
     return _client(storage_config).open_stream(uri, size_bytes, etag=etag, start=start, end=end)
+
+
+def put_file(
+    uri: str,
+    path: str | os.PathLike[str],
+    *,
+    storage_config: StorageConfig | None = None,
+    content_type: str | None = None,
+    metadata: Mapping[str, str] | None = None,
+    create_only: bool = False,
+    single_put_max: int = _native.SINGLE_PUT_MAX,
+    multipart_threshold: int = _native.MULTIPART_THRESHOLD,
+    part_size: int = _native.PART_SIZE,
+) -> ObjectInfo:
+    """Uploads a local file as an object: one PUT up to ``multipart_threshold`` bytes (and a
+    create-only one up to ``single_put_max``), else a multipart upload streamed from the file in
+    ``part_size`` parts. Errors as :func:`put_object`."""
+    size, etag = _native.put_file(
+        _client(storage_config),
+        uri,
+        path,
+        content_type=content_type,
+        metadata=dict(metadata) if metadata else None,
+        create_only=create_only,
+        single_put_max=single_put_max,
+        multipart_threshold=multipart_threshold,
+        part_size=part_size,
+    )
+    return ObjectInfo(uri=uri, size=size, etag=etag)
+
+
+def download_object(
+    uri: str,
+    path: str | os.PathLike[str],
+    *,
+    size_bytes: int,
+    etag: str | None = None,
+    cancel: Any = None,
+    storage_config: StorageConfig | None = None,
+) -> tuple[int, str]:
+    """Streams an immutable object of ``size_bytes`` bytes into a new file at ``path`` and
+    returns (size, lowercase hex SHA-256); see ``_native.download_object`` for ``cancel`` and
+    the errors. On every error the file is removed."""
+    return _native.download_object(
+        _client(storage_config), uri, path, size_bytes=size_bytes, etag=etag, cancel=cancel
+    )
+
+
+def open_shard(
+    uri: str, data_format: str, *, storage_config: StorageConfig | None = None, **read: Any
+) -> _native.ShardReader:
+    """A msgpack.zstf or jsonl.gz shard decoded off the GIL; ``read`` are the keyword arguments
+    of ``NativeStorage.open_shard`` (size, records, etag, range, segment, readahead)."""
+    return _client(storage_config).open_shard(uri, data_format, **read)
+
+
+def open_shard_batches(
+    uri: str, data_format: str, *, storage_config: StorageConfig | None = None, **read: Any
+) -> _native.ShardBatchReader:
+    """Arrow record batches of a msgpack.zstf or jsonl.gz shard, built off the GIL; ``read``
+    are the keyword arguments of ``NativeStorage.open_shard_batches``."""
+    return _client(storage_config).open_shard_batches(uri, data_format, **read)
+
+
+def check_storage_config(storage_config: StorageConfig) -> None:
+    """Builds the config's native client now, so that a bad endpoint or a withheld secret fails
+    here rather than on the first request (see :func:`native_storage`)."""
+    native_storage(storage_config)

@@ -76,7 +76,7 @@ from syvain_training_data.publish.layout import (
 from syvain_training_data.publish.recovery import UNSET, ShardRecovery, Unset
 from syvain_training_data.publish.spool import Spool, encode_native, encode_parquet, limits
 from syvain_training_data.publish.upload import create_or_match, upload_spool
-from syvain_training_data.storage import StorageConfig, get_object, native_storage, put_object
+from syvain_training_data.storage import StorageConfig, check_storage_config, get_object, put_object
 from syvain_training_data.uris import portable_etag
 
 __all__ = ["DatasetSaver"]
@@ -123,7 +123,7 @@ class DatasetSaver:
         self._split_orders: dict[str, tuple[str, ...]] = {}
         self._expected: dict[tuple[str, str | None], frozenset[str]] = {}
         self._lock = threading.RLock()
-        native_storage(self.storage_config)  # a bad endpoint fails now
+        check_storage_config(self.storage_config)  # a bad endpoint fails now
 
     # -- pickling: everything but the lock ---------------------------------------------------
 

@@ -9,7 +9,6 @@ import logging
 from collections.abc import Callable
 from typing import Final
 
-from syvain_training_data import _native
 from syvain_training_data.errors import ObjectDataError, PublicationConflictError, ShardDataError
 from syvain_training_data.formats.shard_index import INDEX_SUFFIX, FrameOffsets
 from syvain_training_data.manifest import DataManifestDataFormat, ManifestShard
@@ -20,8 +19,8 @@ from syvain_training_data.storage import (
     delete_object,
     get_object,
     head_object,
-    native_storage,
     open_stream,
+    put_file,
     put_object,
 )
 from syvain_training_data.uris import portable_etag
@@ -79,13 +78,11 @@ def _upload(
     """:func:`upload_spool`, also saying whether this call wrote the object (False: an
     identical existing object was reused)."""
     content_type, attributes = OBJECT_ATTRIBUTES[data_format]
-    client = native_storage(storage_config)
-    put: Callable[..., tuple[int, str]]
+    put: Callable[..., ObjectInfo]
     if spool.path is not None:
         rules = limits()
         put = functools.partial(
-            _native.put_file,
-            client,
+            put_file,
             uri,
             spool.path,
             single_put_max=rules.deterministic_single_put_bytes,
@@ -93,12 +90,19 @@ def _upload(
             part_size=rules.part_size,
         )
     else:
-        put = functools.partial(_native.put_chunks, client, uri, spool.chunks)
-    written: list[tuple[int, str]] = []
+        put = functools.partial(put_object, uri, spool.chunks)
+    written: list[ObjectInfo] = []
     existing: list[ObjectInfo] = []
 
     def write() -> None:
-        written.append(put(content_type=content_type, metadata=attributes, create_only=create_only))
+        written.append(
+            put(
+                storage_config=storage_config,
+                content_type=content_type,
+                metadata=attributes,
+                create_only=create_only,
+            )
+        )
 
     def holds_our_bytes() -> bool:
         info = head_object(uri, storage_config=storage_config)
@@ -114,8 +118,7 @@ def _upload(
         )
 
     if create_or_match(uri, write, storage_config, matches=holds_our_bytes, conflict=conflict):
-        size, etag = written[0]
-        return size, etag, True
+        return written[0].size, written[0].etag, True
     logger.info("Reusing the identical existing object %s", uri)
     return spool.size, existing[0].etag, False
 

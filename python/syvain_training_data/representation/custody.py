@@ -28,7 +28,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, NoReturn, Self
 
-from syvain_training_data import _native
 from syvain_training_data.errors import (
     ObjectChangedError,
     ObjectDataError,
@@ -36,7 +35,7 @@ from syvain_training_data.errors import (
     ShardDataError,
 )
 from syvain_training_data.object_check import check_head
-from syvain_training_data.storage import StorageConfig, native_storage
+from syvain_training_data.storage import StorageConfig, download_object
 
 __all__ = [
     "Claim",
@@ -154,7 +153,6 @@ def fetch(
         PermissionError, StorageRetryExhaustedError, OSError (InterruptedError when
             cancelled), KeyboardInterrupt: unchanged.
     """
-    storage = native_storage(storage_config)
     with custody_errors(uri, missing_is_integrity=missing_is_integrity):
         check = check_head(uri, storage_config, size=size, etag=etag)
         info, mismatch = check.info, check.mismatch
@@ -165,13 +163,13 @@ def fetch(
                 uri, f"the {what} has etag {info.etag} but etag {etag} is claimed (replaced?)"
             )
         path = workspace.new_path(uri)
-        received, digest = _native.download_object(
-            storage,
+        received, digest = download_object(
             uri,
             path,
             size_bytes=info.size,
             etag=info.etag or etag or None,
             cancel=cancel,
+            storage_config=storage_config,
         )
     if sha256 is not None and digest != sha256:
         with contextlib.suppress(FileNotFoundError):

@@ -4,6 +4,7 @@
 
 use pyo3::prelude::*;
 
+mod buffer_view;
 mod caller;
 mod codec;
 mod counters;

@@ -21,9 +21,11 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use pyo3::buffer::PyBuffer;
-use pyo3::exceptions::{PyBufferError, PyIndexError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
+
+use crate::buffer_view::{fill_view, OneDimension};
 
 const FREE: u32 = 0;
 const RETIRED: u32 = u32::MAX;
@@ -350,38 +352,22 @@ impl HeldSlot {
         view: *mut ffi::Py_buffer,
         flags: c_int,
     ) -> PyResult<()> {
-        if view.is_null() {
-            return Err(PyBufferError::new_err("no buffer view to fill"));
-        }
         let this = slf.get();
         // `new` and `lend` checked that the slot's bytes lie inside the memory.
         let buf = this.states.get().memory.buf_ptr().cast::<u8>();
-        // SAFETY: `view` is non-null and ours to fill; `shape` points into this object (the
-        // view's `obj`), which outlives the view; the format is a static string; the bytes stay
-        // mapped while `states` holds the memory's buffer, and no worker writes them while the
-        // slot is lent.
-        unsafe {
-            (*view).buf = buf.add(this.start).cast::<c_void>();
-            (*view).len = this.length;
-            (*view).readonly = 0;
-            (*view).itemsize = 1;
-            (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
-                c"B".as_ptr().cast_mut()
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).ndim = 1;
-            (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
-                std::ptr::addr_of!(this.length).cast_mut()
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).strides = std::ptr::null_mut();
-            (*view).suboffsets = std::ptr::null_mut();
-            (*view).internal = std::ptr::null_mut();
-            (*view).obj = slf.into_any().into_ptr();
-        }
-        Ok(())
+        let dimension = OneDimension {
+            // SAFETY: inside the mapped memory (checked when the slot was lent).
+            buf: unsafe { buf.add(this.start) }.cast(),
+            items: &this.length,
+            item_size: 1,
+            format: c"B",
+            writable: true,
+            stride: None,
+        };
+        // SAFETY: `length` lives in this object (the view's `obj`), which outlives the view; the
+        // bytes stay mapped while `states` holds the memory's buffer, and no worker writes them
+        // while the slot is lent.
+        unsafe { fill_view(slf.as_any().clone(), view, flags, dimension) }
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}

@@ -4,10 +4,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use object_store::PutPayload;
 use pyo3::prelude::*;
-use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::PyBytes;
 use syvain_core::codec::columnar::{column_selection, BatchOptions};
 use syvain_core::codec::{RecordRange, ShardFormat};
@@ -25,6 +23,7 @@ use crate::codec::shard_reader::ShardReader;
 use crate::credentials::PyCredentialProvider;
 use crate::error::BindingResult;
 use crate::object_stream::ObjectStream;
+use crate::upload::PutData;
 
 /// A storage client for s3:// and file:// URIs. Holds credentials; never shows the secret.
 #[pyclass(module = "syvain_training_data._native", frozen)]
@@ -94,20 +93,19 @@ impl NativeStorage {
         self.storage.head(&PythonCaller(py), uri)
     }
 
-    /// Writes an object; `create_only` refuses to replace one (FileExistsError).
-    /// Returns (size, etag).
+    /// Writes an object from bytes or a list of chunks (not joined); `create_only` refuses to
+    /// replace one (FileExistsError). Returns (size, etag).
     #[pyo3(signature = (uri, data, *, content_type=None, metadata=None, create_only=false))]
     fn put(
         &self,
         py: Python<'_>,
         uri: &str,
-        data: PyBackedBytes,
+        data: PutData,
         content_type: Option<String>,
         metadata: Option<HashMap<String, String>>,
         create_only: bool,
     ) -> BindingResult<(u64, String)> {
-        // Zero copy: the payload borrows the Python bytes object (kept alive by the Bytes owner).
-        let payload = PutPayload::from(Bytes::from_owner(data));
+        let payload = PutPayload::from(data);
         let options = WriteOptions {
             content_type,
             metadata: metadata.unwrap_or_default(),

@@ -1,5 +1,5 @@
-//! Streaming uploads for the saver (the rules are in `syvain_core::upload`): a shard handed over
-//! as its list of encoded chunks (zero copy) or as a spooled file.
+//! Uploads (the rules are in `syvain_core::upload`): the bytes of a PUT, whole or as a list of
+//! encoded chunks (zero copy), and a spooled file.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -16,30 +16,25 @@ use crate::caller::PythonCaller;
 use crate::error::BindingResult;
 use crate::storage::NativeStorage;
 
-/// Writes an object from its chunks without joining them (each chunk is borrowed from its
-/// Python bytes object). Returns (size, etag). FileExistsError when `create_only` finds one.
-#[pyfunction]
-#[pyo3(signature = (storage, uri, chunks, *, content_type=None, metadata=None, create_only=false))]
-fn put_chunks(
-    py: Python<'_>,
-    storage: &NativeStorage,
-    uri: &str,
-    chunks: Vec<PyBackedBytes>,
-    content_type: Option<String>,
-    metadata: Option<HashMap<String, String>>,
-    create_only: bool,
-) -> BindingResult<(u64, String)> {
-    let payload: PutPayload = chunks
-        .into_iter()
-        .filter(|chunk| !chunk.is_empty())
-        .map(Bytes::from_owner)
-        .collect();
-    let options = WriteOptions {
-        content_type,
-        metadata: metadata.unwrap_or_default(),
-        create_only,
-    };
-    upload::put(&PythonCaller(py), &storage.storage, uri, payload, options)
+/// The bytes of a PUT: one bytes-like object, or a list of chunks sent without joining them.
+/// Each is borrowed from its Python object (zero copy; the `Bytes` owner keeps it alive).
+#[derive(FromPyObject)]
+pub enum PutData {
+    Whole(PyBackedBytes),
+    Chunks(Vec<PyBackedBytes>),
+}
+
+impl From<PutData> for PutPayload {
+    fn from(data: PutData) -> Self {
+        match data {
+            PutData::Whole(data) => PutPayload::from(Bytes::from_owner(data)),
+            PutData::Chunks(chunks) => chunks
+                .into_iter()
+                .filter(|chunk| !chunk.is_empty())
+                .map(Bytes::from_owner)
+                .collect(),
+        }
+    }
 }
 
 /// Uploads a file as an object: one PUT, or a streamed multipart upload. Returns (size, etag).
@@ -77,7 +72,6 @@ fn put_file(
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(put_chunks, m)?)?;
     m.add_function(wrap_pyfunction!(put_file, m)?)?;
     m.add("SINGLE_PUT_MAX", SINGLE_PUT_MAX)?;
     m.add("MULTIPART_THRESHOLD", MULTIPART_THRESHOLD)?;

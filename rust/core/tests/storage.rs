@@ -124,11 +124,8 @@ fn put_file_refuses_a_directory_as_its_source() {
 
 #[test]
 fn the_stream_hands_over_every_byte_from_any_start() {
-    let dir = Scratch::new();
+    let (_dir, data, uri) = local_object("big.bin", 3 << 20);
     let storage = local_storage();
-    let data = sample_bytes(3 << 20);
-    std::fs::write(dir.path("big.bin"), &data).unwrap();
-    let uri = dir.uri("big.bin");
     for start in [0usize, 1, 65_536, (3 << 20) - 1, 3 << 20] {
         let mut reader = storage
             .stream(&uri, data.len() as u64, None, start as u64, None)
@@ -178,34 +175,21 @@ fn the_stream_fails_closed_on_a_wrong_size_or_a_missing_object() {
 
 #[test]
 fn a_download_writes_and_hashes_every_byte() {
-    let dir = Scratch::new();
+    let (dir, data, uri) = local_object("object.bin", 2_500_000);
     let storage = local_storage();
-    let data = sample_bytes(2_500_000);
-    std::fs::write(dir.path("object.bin"), &data).unwrap();
     let target = dir.path("copy.bin");
-    let (size, digest) = download_to_file(
-        &Uninterrupted,
-        &storage,
-        &dir.uri("object.bin"),
-        &target,
-        data.len() as u64,
-        None,
-        || Ok(false),
-    )
-    .unwrap();
+    let download = || {
+        let size = data.len() as u64;
+        download_to_file(&Uninterrupted, &storage, &uri, &target, size, None, || {
+            Ok(false)
+        })
+    };
+    let (size, digest) = download().unwrap();
     assert_eq!(size, data.len() as u64);
     assert_eq!(digest, hex::encode(Sha256::digest(&data)));
     assert_eq!(std::fs::read(&target).unwrap(), data);
     // The target is never replaced.
-    let again = download_to_file(
-        &Uninterrupted,
-        &storage,
-        &dir.uri("object.bin"),
-        &target,
-        data.len() as u64,
-        None,
-        || Ok(false),
-    );
+    let again = download();
     assert!(matches!(again, Err(NativeError::Io { .. })), "{again:?}");
 }
 
@@ -247,6 +231,15 @@ fn local_objects_keep_no_attributes() {
 }
 
 /// Every byte a shard source hands over, or its error.
+/// A scratch directory holding `name` with `len` sample bytes: (directory, bytes, URI).
+fn local_object(name: &str, len: usize) -> (Scratch, Vec<u8>, String) {
+    let dir = Scratch::new();
+    let data = sample_bytes(len);
+    std::fs::write(dir.path(name), &data).unwrap();
+    let uri = dir.uri(name);
+    (dir, data, uri)
+}
+
 fn drain_source(mut source: Box<dyn ByteSource>) -> Result<Vec<u8>, NativeError> {
     let mut received = Vec::new();
     while let Some(chunk) = source.next_chunk()? {
@@ -257,11 +250,8 @@ fn drain_source(mut source: Box<dyn ByteSource>) -> Result<Vec<u8>, NativeError>
 
 #[test]
 fn a_local_shard_source_reads_every_byte_and_checks_the_size() {
-    let dir = Scratch::new();
+    let (_dir, data, uri) = local_object("shard.bin", 5 << 20);
     let storage = local_storage();
-    let data = sample_bytes(5 << 20);
-    std::fs::write(dir.path("shard.bin"), &data).unwrap();
-    let uri = dir.uri("shard.bin");
     let mut source = storage
         .shard_source(&uri, data.len() as u64, None, "msgpack.zstf")
         .unwrap();

@@ -2,7 +2,7 @@
 //! nanoarrow take it without a copy) and, for torch and numpy without pyarrow, the buffers of
 //! an integer-list column through the buffer protocol.
 
-use std::ffi::{c_int, c_void, CStr};
+use std::ffi::{c_int, CStr};
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
@@ -10,7 +10,7 @@ use arrow_array::types::Int64Type;
 use arrow_array::{Array, ArrayRef, RecordBatch, StructArray};
 use arrow_buffer::Buffer;
 use arrow_schema::{DataType, Field};
-use pyo3::exceptions::{PyBufferError, PyKeyError, PyValueError};
+use pyo3::exceptions::{PyKeyError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyTuple};
@@ -18,6 +18,8 @@ use pyo3_arrow::error::PyArrowResult;
 use pyo3_arrow::ffi::{
     to_array_pycapsules, to_schema_pycapsule, to_stream_pycapsule, ArrayIterator,
 };
+
+use crate::buffer_view::{fill_view, OneDimension};
 
 /// One record batch of a shard.
 #[pyclass(module = "syvain_training_data._native", frozen)]
@@ -192,43 +194,19 @@ impl IntBuffer {
         view: *mut ffi::Py_buffer,
         flags: c_int,
     ) -> PyResult<()> {
-        if view.is_null() {
-            return Err(PyBufferError::new_err("no buffer view to fill"));
-        }
-        if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
-            return Err(PyBufferError::new_err("the buffer is read-only"));
-        }
         let this = slf.get();
         let (format, item_size) = this.format.code();
-        // SAFETY: `view` is non-null and ours to fill; `shape` and `strides` point into this
-        // object (the view's `obj`), which outlives the view and is never written through
-        // them; `format` is a static string.
-        unsafe {
-            (*view).buf = this.buffer.as_ptr() as *mut c_void;
-            (*view).len = this.shape * item_size as ffi::Py_ssize_t;
-            (*view).readonly = 1;
-            (*view).itemsize = item_size as ffi::Py_ssize_t;
-            (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
-                format.as_ptr().cast_mut()
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).ndim = 1;
-            (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
-                std::ptr::addr_of!(this.shape).cast_mut()
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
-                std::ptr::addr_of!(this.stride).cast_mut()
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).suboffsets = std::ptr::null_mut();
-            (*view).internal = std::ptr::null_mut();
-            (*view).obj = slf.into_any().into_ptr();
-        }
-        Ok(())
+        let dimension = OneDimension {
+            buf: this.buffer.as_ptr().cast(),
+            items: &this.shape,
+            item_size,
+            format,
+            writable: false,
+            stride: Some(&this.stride),
+        };
+        // SAFETY: the immutable buffer, `shape` and `stride` live in this object (the view's
+        // `obj`), which outlives the view.
+        unsafe { fill_view(slf.as_any().clone(), view, flags, dimension) }
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}

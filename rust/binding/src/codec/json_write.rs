@@ -6,18 +6,15 @@ use std::io::Write as _;
 use pyo3::prelude::*;
 use pyo3::types::{PyInt, PyList};
 
-use super::py_value::{kind_of, map_items, seq_items, str_of, type_name, PyValue};
+use super::py_value::{
+    check_record, kind_of, map_items, refuse, seq_items, str_of, type_name, PyValue,
+};
 use syvain_core::codec::MAX_LINE_BYTES;
-use syvain_core::error::NativeError;
 
-use crate::error::{BindingError, BindingResult};
+use crate::error::BindingResult;
 
 /// Nesting beyond what the reader accepts (as deep as msgpack.zstf) is refused.
 pub const MAX_DEPTH: usize = syvain_core::codec::MAX_JSON_DEPTH;
-
-fn refuse(problem: impl Into<String>) -> BindingError {
-    NativeError::Encode(problem.into()).into()
-}
 
 /// Appends one record as JSON text (without the "\n") to `out`.
 ///
@@ -25,12 +22,7 @@ fn refuse(problem: impl Into<String>) -> BindingError {
 /// that is not str/int/float/bool/None, a lone surrogate, nesting deeper than [`MAX_DEPTH`],
 /// or a line over 1 GiB.
 pub fn write_record(record: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> BindingResult<()> {
-    if !matches!(kind_of(record), PyValue::Map) {
-        return Err(refuse(format!(
-            "record is not a mapping but {}",
-            type_name(record)
-        )));
-    }
+    check_record(record)?;
     let start = out.len();
     write_value(record, out, 1, start)
 }

@@ -2,31 +2,23 @@
 
 use pyo3::prelude::*;
 
-use super::py_value::{bytes_of, kind_of, map_items, seq_items, str_of, type_name, PyValue};
+use super::py_value::{
+    bytes_of, check_record, kind_of, map_items, refuse, seq_items, str_of, type_name, PyValue,
+};
 use syvain_core::codec::msgpack;
 use syvain_core::codec::MAX_PAYLOAD_BYTES;
-use syvain_core::error::NativeError;
 
 use crate::error::{BindingError, BindingResult};
 
 /// Nesting beyond this is refused rather than risking the stack of the calling thread.
 pub const MAX_DEPTH: usize = 1000;
 
-fn refuse(problem: impl Into<String>) -> BindingError {
-    NativeError::Encode(problem.into()).into()
-}
-
 /// Appends the payload of one record (a mapping with str keys at every depth) to `out`.
 ///
 /// Errors (ValueError): not a mapping, a non-str key, an unsupported type, an int outside
 /// -2**63..2**64-1, nesting deeper than [`MAX_DEPTH`], or a payload over 1 GiB.
 pub fn write_record(record: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> BindingResult<()> {
-    if !matches!(kind_of(record), PyValue::Map) {
-        return Err(refuse(format!(
-            "record is not a mapping but {}",
-            type_name(record)
-        )));
-    }
+    check_record(record)?;
     let start = out.len();
     write_value(record, out, 1, start)
 }

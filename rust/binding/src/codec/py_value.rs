@@ -11,7 +11,7 @@ use pyo3::types::{
 
 use syvain_core::error::NativeError;
 
-use crate::error::BindingResult;
+use crate::error::{BindingError, BindingResult};
 
 pub enum PyValue<'a, 'py> {
     None,
@@ -134,4 +134,20 @@ pub fn str_of<'a>(s: &'a Bound<'_, PyString>) -> BindingResult<&'a str> {
     s.to_str().map_err(|_| {
         NativeError::Encode("a str with a lone surrogate is not valid UTF-8".into()).into()
     })
+}
+
+/// An encoding error (ValueError) of a record writer.
+pub fn refuse(problem: impl Into<String>) -> BindingError {
+    NativeError::Encode(problem.into()).into()
+}
+
+/// A record must be a mapping.
+pub fn check_record(record: &Bound<'_, PyAny>) -> BindingResult<()> {
+    if matches!(kind_of(record), PyValue::Map) {
+        return Ok(());
+    }
+    Err(refuse(format!(
+        "record is not a mapping but {}",
+        type_name(record)
+    )))
 }

@@ -303,11 +303,15 @@ mod tests {
         out
     }
 
-    fn lines(text: &[u8], max_line: u64) -> Result<Vec<(u64, String)>, String> {
+    /// The gzipped `text` as a reader fed in 3-byte chunks.
+    fn reader(text: &[u8]) -> JsonlLines {
         let data = gzip(text);
         let chunks: Vec<Bytes> = data.chunks(3).map(Bytes::copy_from_slice).collect();
-        let mut reader =
-            JsonlLines::new(Box::new(MemorySource::new(chunks))).with_max_line(max_line);
+        JsonlLines::new(Box::new(MemorySource::new(chunks)))
+    }
+
+    /// Every (line number, text) the reader gives, or its error.
+    fn read_all(mut reader: JsonlLines) -> Result<Vec<(u64, String)>, String> {
         let mut out = Vec::new();
         loop {
             match reader.next_batch() {
@@ -365,24 +369,12 @@ mod tests {
         assert!(lines(b"12345\n12345", 5).is_ok());
     }
 
+    fn lines(text: &[u8], max_line: u64) -> Result<Vec<(u64, String)>, String> {
+        read_all(reader(text).with_max_line(max_line))
+    }
+
     fn range_lines(text: &[u8], range: RecordRange) -> Result<Vec<(u64, String)>, String> {
-        let data = gzip(text);
-        let chunks: Vec<Bytes> = data.chunks(3).map(Bytes::copy_from_slice).collect();
-        let mut reader = JsonlLines::new(Box::new(MemorySource::new(chunks))).with_range(range);
-        let mut out = Vec::new();
-        loop {
-            match reader.next_batch() {
-                Ok(Some(batch)) => {
-                    for line in &batch.lines {
-                        let text = String::from_utf8(batch.line(line).to_vec()).unwrap();
-                        out.push((line.number, text));
-                    }
-                }
-                Ok(None) => return Ok(out),
-                Err(DecodeFailure::Shard(r)) => return Err(r),
-                Err(DecodeFailure::Source(e)) => return Err(e.to_string()),
-            }
-        }
+        read_all(reader(text).with_range(range))
     }
 
     fn range(declared: u64, start: i64, stop: i64) -> RecordRange {

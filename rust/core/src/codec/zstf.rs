@@ -307,7 +307,14 @@ mod tests {
             .chunks(chunk.max(1))
             .map(Bytes::copy_from_slice)
             .collect();
-        let mut frames = ZstfFrames::new(Box::new(MemorySource::new(chunks)), declared);
+        payloads(ZstfFrames::new(
+            Box::new(MemorySource::new(chunks)),
+            declared,
+        ))
+    }
+
+    /// Every payload the frames give, or their error.
+    fn payloads(mut frames: ZstfFrames) -> Result<Vec<Vec<u8>>, String> {
         let mut out = Vec::new();
         loop {
             match frames.next_payload() {
@@ -370,17 +377,9 @@ mod tests {
     fn read_range(data: &[u8], range: RecordRange, chunk: usize) -> Result<Vec<Vec<u8>>, String> {
         let chunks: Vec<Bytes> = data.chunks(chunk).map(Bytes::copy_from_slice).collect();
         let source = MemorySource::new(chunks);
-        let mut frames =
-            ZstfFrames::with_range(Box::new(source), range).with_object_size(data.len() as u64);
-        let mut out = Vec::new();
-        loop {
-            match frames.next_payload() {
-                Ok(Some(p)) => out.push(p),
-                Ok(None) => return Ok(out),
-                Err(DecodeFailure::Shard(reason)) => return Err(reason),
-                Err(DecodeFailure::Source(err)) => return Err(err.to_string()),
-            }
-        }
+        payloads(
+            ZstfFrames::with_range(Box::new(source), range).with_object_size(data.len() as u64),
+        )
     }
 
     fn range(declared: u64, start: i64, stop: i64) -> RecordRange {

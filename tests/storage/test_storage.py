@@ -18,14 +18,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from fault_proxy import (
-    FaultProxy,
-    close_before_headers,
-    reset_after,
-    short_body,
-    stall_after,
-    status,
-)
+import fault_proxy as proxy_faults
+from memory import CHILD_PRELUDE
 from seaweed import config_for
 from syvain_training_data import (
     ObjectChangedError,
@@ -72,14 +66,6 @@ def big_object(seaweed, s3_bucket) -> Iterator[tuple[str, str, storage.ObjectInf
     info = storage.put_object(uri, data, storage_config=config_for(seaweed))
     yield uri, hashlib.sha256(data).hexdigest(), info
     storage.delete_object(uri, storage_config=config_for(seaweed))
-
-
-@pytest.fixture(params=["s3", "file"])
-def store_root(request, seaweed, s3_bucket, unique_prefix, tmp_path) -> tuple[str, StorageConfig]:
-    """A writable prefix URI and its config, on SeaweedFS and on the local directory store."""
-    if request.param == "s3":
-        return f"s3://{s3_bucket}/{unique_prefix}", config_for(seaweed)
-    return f"file://{tmp_path}/store", StorageConfig()
 
 
 # --- point operations, both stores ---------------------------------------------------------
@@ -236,20 +222,31 @@ def test_secret_never_in_repr():
 # --- faults through the proxy ----------------------------------------------------------------
 
 FAULTS = {
-    "reset after body bytes": [reset_after(5 * MIB), reset_after(20 * MIB)],
-    "stall past the read timeout": [stall_after(2 * MIB, 4.0)],
-    "500 then 503 SlowDown": [
-        status(500, "Internal Server Error", "InternalError"),
-        status(503, "Slow Down", "SlowDown"),
-        status(503, "Slow Down", "SlowDown"),
+    "reset after body bytes": [
+        proxy_faults.reset_after(5 * MIB),
+        proxy_faults.reset_after(20 * MIB),
     ],
-    "close before headers": [close_before_headers(), close_before_headers()],
-    "fewer bytes than Content-Length": [short_body(3 * MIB), short_body(30 * MIB)],
+    "stall past the read timeout": [proxy_faults.stall_after(2 * MIB, 4.0)],
+    "500 then 503 SlowDown": [
+        proxy_faults.status(500, "Internal Server Error", "InternalError"),
+        proxy_faults.status(503, "Slow Down", "SlowDown"),
+        proxy_faults.status(503, "Slow Down", "SlowDown"),
+    ],
+    "close before headers": [
+        proxy_faults.close_before_headers(),
+        proxy_faults.close_before_headers(),
+    ],
+    "fewer bytes than Content-Length": [
+        proxy_faults.short_body(3 * MIB),
+        proxy_faults.short_body(30 * MIB),
+    ],
 }
 
 
 @pytest.mark.parametrize("faults", list(FAULTS.values()), ids=list(FAULTS))
-def test_stream_survives_fault(seaweed, fault_proxy: FaultProxy, big_object, faults, caplog):
+def test_stream_survives_fault(
+    seaweed, fault_proxy: proxy_faults.FaultProxy, big_object, faults, caplog
+):
     uri, expected_sha, info = big_object
     config = config_for(seaweed, endpoint=fault_proxy.endpoint)
     fault_proxy.script(*faults)
@@ -273,10 +270,10 @@ def test_stream_survives_fault(seaweed, fault_proxy: FaultProxy, big_object, fau
 @pytest.mark.parametrize(
     ("fault", "operations"),
     [
-        (status(503, "Slow Down", "SlowDown"), {"HEAD", "PUT", "GET"}),
-        (close_before_headers(), {"HEAD", "PUT", "GET"}),
+        (proxy_faults.status(503, "Slow Down", "SlowDown"), {"HEAD", "PUT", "GET"}),
+        (proxy_faults.close_before_headers(), {"HEAD", "PUT", "GET"}),
         # Only a GET answer has a body to cut: 3 of its 7 bytes arrive, then a reset.
-        (reset_after(3), {"GET"}),
+        (proxy_faults.reset_after(3), {"GET"}),
     ],
     ids=["503", "close", "reset"],
 )
@@ -312,7 +309,7 @@ def test_object_overwritten_between_ranges_fails_closed(
     direct = config_for(seaweed)
     data = random.Random(3).randbytes(16 * MIB)
     info = storage.put_object(uri, data, storage_config=direct)
-    fault_proxy.script(stall_after(1 * MIB, 3.0))
+    fault_proxy.script(proxy_faults.stall_after(1 * MIB, 3.0))
     with storage_policy(**FAST_BACKOFF, read_inactivity_timeout_s=1.0):
         stream = storage.open_stream(
             uri, size_bytes=info.size, storage_config=config_for(seaweed, fault_proxy.endpoint)
@@ -365,18 +362,16 @@ def test_ctrl_c_interrupts_a_blocked_read(seaweed, fault_proxy, big_object):
     none of the object read. The stall outlasts the hang guard, so a read that did not see the
     interrupt could neither finish nor report it (no wall-clock bound is asserted)."""
     uri, _, info = big_object
-    fault_proxy.script(stall_after(0, 10 * HANG_GUARD_S))
+    fault_proxy.script(proxy_faults.stall_after(0, 10 * HANG_GUARD_S))
     # A shell that starts a job in the background (as CI runners may) hands it SIGINT ignored,
     # and Python then leaves it ignored; the child restores Ctrl-C as a terminal would have it.
     # The credentials go through the environment so that no failure output shows them.
-    script = textwrap.dedent(
+    script = CHILD_PRELUDE + textwrap.dedent(
         f"""
-        import os, signal, sys
+        import signal, sys
         from syvain_training_data import storage
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        config = storage.StorageConfig.create(s3_base_url={fault_proxy.endpoint!r},
-            region={seaweed.region!r}, access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
-            secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"])
+        config = s3_config({fault_proxy.endpoint!r}, {seaweed.region!r})
         stream = storage.open_stream({uri!r}, size_bytes={info.size}, storage_config=config)
         try:
             print("reading", flush=True)

@@ -24,7 +24,7 @@ from syvain_training_data.shard import iter_shard
 from syvain_training_data.storage import StorageConfig, get_object, native_storage
 
 START_METHODS = ["fork", "spawn", "forkserver"]
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 class SubclassedConfig(StorageConfig):
@@ -237,17 +237,13 @@ def _ids_and_worker_credentials(batch: list[dict[str, Any]]) -> tuple[list[str],
 
 @pytest.mark.parametrize("method", START_METHODS)
 def test_loader_workers_read_with_explicit_credentials(
-    seaweed, s3_bucket, unique_prefix, monkeypatch, method
+    seaweed, s3_bucket, unique_prefix, monkeypatch, method, save_three_parts
 ):
     pytest.importorskip("torch")
     remove_aws_environment(monkeypatch)
     client = explicit_client(seaweed)
     uri = f"s3://{s3_bucket}/{unique_prefix}/data-manifest.json"
-    saver = client.dataset_saver(uri, data_format="msgpack.zstf")
-    for part in range(3):
-        records = [{"id": f"{part}-{i}"} for i in range(5)]
-        saver.save("train", None, records, shard_id=f"part-{part}")
-    saver.commit_manifest()
+    save_three_parts(client, uri)
     args = {"num_workers": 2, "batch_size": 4, "multiprocessing_context": method}
     loader = client.split_data_loader(uri, _ids_and_worker_credentials, args).load("train")
     secret = seaweed.secret_access_key.encode()
