@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any
+
+from syvain_training_data.extras import missing_extra
 
 __all__ = ["AwsProfile", "require_botocore"]
-
-INSTALL: Final = "pip install 'syvain-training-data[aws]'"
 
 
 def require_botocore(what: str) -> None:
@@ -24,10 +24,7 @@ def require_botocore(what: str) -> None:
     try:
         import botocore.session  # noqa: F401
     except ModuleNotFoundError as error:
-        raise ModuleNotFoundError(
-            f"AWS profiles ({what}) need botocore, the 'aws' extra: {INSTALL}",
-            name="botocore",
-        ) from error
+        raise missing_extra(f"AWS profiles ({what}) need botocore", "aws", error) from error
 
 
 class AwsProfile:

@@ -309,8 +309,10 @@ def test_object_overwritten_between_ranges_fails_closed(
     direct = config_for(seaweed)
     data = random.Random(3).randbytes(16 * MIB)
     info = storage.put_object(uri, data, storage_config=direct)
-    fault_proxy.script(proxy_faults.stall_after(1 * MIB, 3.0))
-    with storage_policy(**FAST_BACKOFF, read_inactivity_timeout_s=1.0):
+    # The stream resumes only after 5 quiet seconds, so the overwrite below has long finished
+    # by then even on a loaded machine: a resume before it would read the old bytes to the end.
+    fault_proxy.script(proxy_faults.stall_after(1 * MIB, 10.0))
+    with storage_policy(**FAST_BACKOFF, read_inactivity_timeout_s=5.0):
         stream = storage.open_stream(
             uri, size_bytes=info.size, storage_config=config_for(seaweed, fault_proxy.endpoint)
         )
