@@ -2,7 +2,7 @@
 
 A URI is ``s3://bucket/key`` or ``file:///absolute/path``; schemes are lower case, and
 ``file:/path`` and ``file://host/path`` are not URIs here. These are the rules of the Rust store
-(``Location::parse`` in ``rust/core/src/store.rs``), which reads every object: a URI valid here
+(``Location::parse`` in ``rust/core/src/object_stores.rs``), which reads every object: a URI valid here
 is one the store accepts. ``tests/uri_rules.json`` is one table of valid and invalid URIs that
 both sides are tested against.
 

@@ -11,9 +11,9 @@ use syvain_core::codec::columnar::{column_selection, BatchOptions};
 use syvain_core::codec::{RecordRange, ShardFormat};
 use syvain_core::credentials::AwsCredentialProvider;
 use syvain_core::error::NativeError;
+use syvain_core::object_stores::StorageConfig;
 use syvain_core::source::ByteSource;
 use syvain_core::storage::{check_segment, Storage};
-use syvain_core::store::StoreConfig;
 use syvain_core::stream::invalid_readahead;
 use syvain_core::upload::{self, WriteOptions};
 
@@ -53,7 +53,7 @@ impl NativeStorage {
         let credential_provider = credential_provider.map(|callable| {
             Arc::new(PyCredentialProvider::new(py, callable)) as AwsCredentialProvider
         });
-        let config = StoreConfig {
+        let config = StorageConfig {
             s3_base_url: s3_base_url.filter(|u| !u.is_empty()),
             region,
             access_key_id,

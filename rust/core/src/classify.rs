@@ -3,7 +3,7 @@
 use std::io::ErrorKind;
 
 use crate::error::{io_error, NativeError};
-use crate::store::Location;
+use crate::object_stores::Location;
 
 /// What to do with a failed attempt.
 #[derive(Debug)]

@@ -12,11 +12,11 @@ use crate::caller::{with_retries, Caller};
 use crate::classify::{classify_store_error, StoreFailure};
 use crate::error::{refuse_special_file, NativeError, NativeResult};
 use crate::local_file::LocalShardSource;
+use crate::object_stores::{build_store, endpoint_for, Location, StorageConfig};
 use crate::policy;
 use crate::process_bound::ProcessBound;
 use crate::runtime::fork_guard;
 use crate::source::ByteSource;
-use crate::store::{build_store, endpoint_for, Location, StoreConfig};
 use crate::stream::{readahead_bound, StoreFactory, StreamReader, StreamRequest};
 
 /// Stores built in this process, by bucket. A forked child builds its own and leaks the
@@ -26,13 +26,13 @@ type StoreCache = Mutex<HashMap<String, ProcessBound<Arc<dyn ObjectStore>>>>;
 /// A storage client. Holds credentials; its `Debug` never shows the secret.
 #[derive(Debug)]
 pub struct Storage {
-    config: StoreConfig,
+    config: StorageConfig,
     stores: Arc<StoreCache>,
 }
 
 impl Storage {
     /// A client for `config`; a malformed endpoint fails at once, not on first use.
-    pub fn new(config: StoreConfig) -> NativeResult<Self> {
+    pub fn new(config: StorageConfig) -> NativeResult<Self> {
         if let Some(base) = &config.s3_base_url {
             endpoint_for(base, "bucket", config.virtual_hosted_style_request)?;
         }
@@ -42,7 +42,7 @@ impl Storage {
         })
     }
 
-    pub fn config(&self) -> &StoreConfig {
+    pub fn config(&self) -> &StorageConfig {
         &self.config
     }
 

@@ -292,8 +292,8 @@ use producer::Producer;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::object_stores::StorageConfig;
     use crate::storage::Storage;
-    use crate::store::StoreConfig;
 
     #[test]
     fn readahead_bounds_in_range_only() {
@@ -325,7 +325,7 @@ mod tests {
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
         std::fs::write(&path, &data).unwrap();
         let uri = format!("file://{}", path.display());
-        let storage = Storage::new(StoreConfig {
+        let storage = Storage::new(StorageConfig {
             s3_base_url: None,
             region: "us-east-1".into(),
             ..Default::default()

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use syvain_core::object_stores::StorageConfig;
 use syvain_core::storage::Storage;
-use syvain_core::store::StoreConfig;
 
 /// A directory removed with everything in it when dropped.
 pub struct Scratch(PathBuf);
@@ -46,7 +46,7 @@ impl Drop for Scratch {
 
 /// A client with no S3 endpoint: file:// URIs only.
 pub fn local_storage() -> Storage {
-    Storage::new(StoreConfig {
+    Storage::new(StorageConfig {
         s3_base_url: None,
         region: "us-east-1".into(),
         ..Default::default()

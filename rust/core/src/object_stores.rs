@@ -17,9 +17,9 @@ use crate::policy::Policy;
 ///
 /// Credentials, first match: `skip_signature` (unsigned requests, no credentials at all); a
 /// `credential_provider`; the static `access_key_id` + `secret_access_key` (+ `session_token`);
-/// otherwise the AWS SDKs' default chain ([`ChainProvider`], set by [`StoreConfig::resolved`]).
+/// otherwise the AWS SDKs' default chain ([`ChainProvider`], set by [`StorageConfig::resolved`]).
 #[derive(Clone, Default)]
-pub struct StoreConfig {
+pub struct StorageConfig {
     pub s3_base_url: Option<String>,
     pub region: String,
     pub access_key_id: Option<String>,
@@ -28,11 +28,11 @@ pub struct StoreConfig {
     pub virtual_hosted_style_request: bool,
     pub skip_signature: bool,
     pub credential_provider: Option<AwsCredentialProvider>,
-    /// Set by [`StoreConfig::resolved`] when `credential_provider` is the default chain.
+    /// Set by [`StorageConfig::resolved`] when `credential_provider` is the default chain.
     pub default_chain: bool,
 }
 
-impl StoreConfig {
+impl StorageConfig {
     /// Where requests get their credentials, for messages and `repr`s.
     pub fn credential_source(&self) -> &'static str {
         if self.skip_signature {
@@ -59,9 +59,9 @@ impl StoreConfig {
     }
 }
 
-impl fmt::Debug for StoreConfig {
+impl fmt::Debug for StorageConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StoreConfig")
+        f.debug_struct("StorageConfig")
             .field("s3_base_url", &self.s3_base_url)
             .field("region", &self.region)
             .field("access_key_id", &self.access_key_id)
@@ -207,7 +207,7 @@ fn validate_key(uri: &str, key: &str, allow_prefix: bool) -> NativeResult<()> {
 
 /// Builds a fresh store (new HTTP client, new connections) for a location.
 pub fn build_store(
-    config: &StoreConfig,
+    config: &StorageConfig,
     location: &Location,
     policy: &Policy,
 ) -> NativeResult<Arc<dyn ObjectStore>> {
@@ -218,7 +218,7 @@ pub fn build_store(
 }
 
 fn build_s3(
-    config: &StoreConfig,
+    config: &StorageConfig,
     bucket: &str,
     policy: &Policy,
 ) -> NativeResult<Arc<dyn ObjectStore>> {
@@ -389,7 +389,7 @@ mod tests {
 
     #[test]
     fn debug_hides_the_secret() {
-        let config = StoreConfig {
+        let config = StorageConfig {
             s3_base_url: None,
             region: "us-east-1".into(),
             access_key_id: Some("AKID".into()),
@@ -400,7 +400,7 @@ mod tests {
         let shown = format!("{config:?}");
         assert!(!shown.contains("very-secret"), "{shown}");
         assert!(shown.contains("static"), "{shown}");
-        let chain = StoreConfig::default().resolved();
+        let chain = StorageConfig::default().resolved();
         assert_eq!(chain.credential_source(), "chain");
         assert!(chain.credential_provider.is_some());
     }
