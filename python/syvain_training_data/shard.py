@@ -111,12 +111,14 @@ def _segment(
 def _open_args(
     shard: ManifestShard, start: int, stop: int | None, segment: Segment | None
 ) -> dict[str, Any]:
-    """open_shard's record and byte range arguments: the whole shard, or a segment of it read
-    as a shard of its own."""
+    """open_shard's arguments that pin the object (its size and etag) and say which records
+    and bytes to read: the whole shard, or a segment of it read as a shard of its own."""
+    pinned = {"size_bytes": shard.size_bytes, "etag": shard.etag or None}
     if segment is None:
-        return {"records": shard.records, "start": start, "stop": stop}
+        return {**pinned, "records": shard.records, "start": start, "stop": stop}
     end = shard.records if stop is None else stop
     return {
+        **pinned,
         "records": segment.records,
         "start": start - segment.first,
         "stop": end - segment.first,
@@ -141,8 +143,6 @@ def read_records(
         shard.uri,
         data_format,
         storage_config=storage_config,
-        size_bytes=shard.size_bytes,
-        etag=shard.etag or None,
         readahead_bytes=readahead_bytes,
         **_open_args(shard, start, stop, segment),
     )
@@ -204,8 +204,6 @@ def iter_shard_batches(
         shard.uri,
         data_format,
         storage_config=storage_config,
-        size_bytes=shard.size_bytes,
-        etag=shard.etag or None,
         columns=selected,
         batch_size=batch_size,
         readahead_bytes=readahead_bytes,

@@ -1,10 +1,10 @@
 """The URIs of SPEC section 4: parsing, the untrusted-manifest scheme rule, and etags.
 
 A URI is ``s3://bucket/key`` or ``file:///absolute/path``; schemes are lower case, and
-``file:/path`` and ``file://host/path`` are not URIs here. These are the rules of the Rust store
-(``Location::parse`` in ``rust/core/src/object_stores.rs``), which reads every object: a URI valid here
-is one the store accepts. ``tests/uri_rules.json`` is one table of valid and invalid URIs that
-both sides are tested against.
+``file:/path`` and ``file://host/path`` are not URIs here. These are the rules of the Rust side
+(``Location::parse`` in ``rust/core/src/object_stores.rs``), which reads every object: a URI
+valid here is one the store accepts. ``tests/uri_rules.json`` is one table of valid and invalid
+URIs that both sides are tested against.
 
 - **Bucket names** hold only ASCII letters, digits, ``.``, ``-`` and ``_``: no character that
   could change a request's URL or host (``/ ? # @ : %``, whitespace, control characters), in

@@ -77,26 +77,20 @@ fn put_file_links_a_local_copy_and_leaves_no_staged_file() {
     std::fs::write(&source, &data).unwrap();
     let uri = dir.uri("out/shard.bin");
     let limits = PutLimits::default();
-    let (size, _) = upload::put_file(
-        &Uninterrupted,
-        &storage,
-        &uri,
-        &source,
-        create_only(),
-        limits,
-    )
-    .unwrap();
+    let put = || {
+        upload::put_file(
+            &Uninterrupted,
+            &storage,
+            &uri,
+            &source,
+            create_only(),
+            limits,
+        )
+    };
+    let (size, _) = put().unwrap();
     assert_eq!(size, 300_000);
     assert_eq!(std::fs::read(dir.path("out/shard.bin")).unwrap(), data);
-    let again = upload::put_file(
-        &Uninterrupted,
-        &storage,
-        &uri,
-        &source,
-        create_only(),
-        limits,
-    );
-    assert!(matches!(again, Err(NativeError::AlreadyExists { .. })));
+    assert!(matches!(put(), Err(NativeError::AlreadyExists { .. })));
     let names: Vec<_> = std::fs::read_dir(dir.path("out"))
         .unwrap()
         .map(|entry| entry.unwrap().file_name())
