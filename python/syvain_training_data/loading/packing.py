@@ -110,7 +110,8 @@ def loss_mask(
         )
     low, high = int(mask_offsets[0]), int(mask_offsets[-1])
     # numpy, not torch: torch splits a large elementwise op over its threads, and with the
-    # decoder's thread on the other core the split waits a time slice (8 ms per op here).
+    # decoder's thread on the other core the split waits out a time slice (the loss-mask case
+    # of benchmarks/tokens_loader.py shows it).
     flat = values[low:high].numpy()
     if len(flat) and (flat.min() < 0 or flat.max() > 1):
         bad = int(((flat < 0) | (flat > 1)).nonzero()[0][0])
