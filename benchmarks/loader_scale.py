@@ -40,7 +40,7 @@ def plan_case() -> None:
         tracemalloc.start()
         start = time.perf_counter()
         read_plan = plan.ReadPlan(
-            streams=(counts,), seed=1, window=plan.DEFAULT_WINDOW, blocks=(blocks,)
+            streams=(counts,), seed=1, window=plan.DEFAULT_WINDOW, blocks=(blocks,), indexed=True
         )
         length = plan.epoch_length(read_plan, 3)
         part = record_plan.consumer_part(read_plan, length, chain, topology, 1234, 5)

@@ -78,7 +78,7 @@ def planned(steps: int) -> dict[str, float]:
     counts = (CLUSTER_RECORDS,) * CLUSTER_SHARDS
     blocks = (block_records(CLUSTER_RECORDS, CLUSTER_SHARD_BYTES),) * CLUSTER_SHARDS
     read_plan = plan.ReadPlan(
-        streams=(counts,), seed=0, window=plan.DEFAULT_WINDOW, blocks=(blocks,)
+        streams=(counts,), seed=0, window=plan.DEFAULT_WINDOW, blocks=(blocks,), indexed=True
     )
     topology = plan.Topology(RANKS, WORKERS, DEVICE_BATCH, drop_last=True)
     length = plan.epoch_length(read_plan, 0)

@@ -1,5 +1,6 @@
 """The record offset index object (``formats.shard_index``): built from frames, parsed back,
-hostile bytes refused with ValueError only, segments that cover exactly the asked records."""
+hostile bytes refused with ValueError only, segments that cover exactly the asked records, the
+shard version it names."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from syvain_training_data.formats import shard_index
 from syvain_training_data.formats.shard_index import (
+    EARLIER_MAGIC,
     HEADER,
     MAGIC,
     FrameOffsets,
@@ -18,7 +20,10 @@ from syvain_training_data.formats.shard_index import (
     block_records,
     index_every,
     kept_step,
+    version_tag,
 )
+
+VERSION = version_tag("s3://b/k", '"0123abcd"')
 
 
 def frames_of(lengths: list[int]) -> bytes:
@@ -37,12 +42,18 @@ def test_an_index_built_from_chunks_points_at_every_kth_frame(lengths, cut):
         chunk = frames_of(chunk_lengths)
         frames.add(chunk, position)
         position += len(chunk)
-    index = frames.index(len(body))
+    index = frames.index(len(body), VERSION)
     starts = [0]
     for n in lengths[:-1]:
         starts.append(starts[-1] + 8 + n)
     assert list(index.offsets) == starts[:: index.layout.every]
-    assert ShardIndex.parse(index.to_bytes(), len(lengths), len(body)) == index
+    assert ShardIndex.parse(index.to_bytes(), len(lengths), len(body), VERSION) == index
+    assert (
+        FrameOffsets.of_chunks([body[i : i + cut] for i in range(0, len(body), cut)]).index(
+            len(body), VERSION
+        )
+        == index
+    )
     for start in range(len(lengths)):
         for stop in (start + 1, len(lengths)):
             segment = index.segment(start, stop)
@@ -57,7 +68,7 @@ def test_frames_kept_stay_bounded_for_any_record_count(monkeypatch):
     frames = FrameOffsets()
     frames.add(frames_of([1] * 10_000), 0)
     assert len(frames.kept) <= 65 and frames.records == 10_000
-    index = frames.index(10_000 * 9)
+    index = frames.index(10_000 * 9, VERSION)
     every = index.layout.every
     assert every % frames.step == 0 and frames.step == kept_step(10_000)
     assert list(index.offsets) == [i * 9 for i in range(0, 10_000, every)]
@@ -75,16 +86,15 @@ def test_hostile_index_bytes_are_a_value_error(data):
     records=st.integers(1, 300),
     size=st.integers(1, 50_000),
     offsets=st.lists(st.integers(-5, 60_000), max_size=40),
-    magic=st.sampled_from([MAGIC, b"SYVIDX02"]),
-    every_delta=st.sampled_from([0, 0, 0, 1, -1]),
+    magic=st.sampled_from([MAGIC, EARLIER_MAGIC, b"SYVIDX03"]),
+    version=st.sampled_from([VERSION, VERSION, b"\0" * 8]),
 )
-def test_indexes_that_do_not_fit_the_shard_are_refused(records, size, offsets, magic, every_delta):
-    every = index_every(records, size) + every_delta
-    data = HEADER.pack(magic, records, size, max(every, 0)) + b"".join(
+def test_indexes_that_do_not_fit_the_shard_are_refused(records, size, offsets, magic, version):
+    data = HEADER.pack(magic, records, size, version) + b"".join(
         struct.pack("<q", o) for o in offsets
     )
     try:
-        index = ShardIndex.parse(data, records, size)
+        index = ShardIndex.parse(data, records, size, VERSION)
     except ValueError:
         return
     # Whatever is accepted stays inside the shard, ascending, one entry per `every` records.
@@ -93,14 +103,40 @@ def test_indexes_that_do_not_fit_the_shard_are_refused(records, size, offsets, m
     assert len(found) == -(-records // index.layout.every)
 
 
-def test_an_index_of_another_shard_is_refused():
+def test_an_index_of_another_shard_or_version_is_refused():
     frames = FrameOffsets()
     frames.add(frames_of([10] * 20), 0)
-    data = frames.index(360).to_bytes()
-    with pytest.raises(ValueError):
+    data = frames.index(360, VERSION).to_bytes()
+    with pytest.raises(ValueError, match="20 records in 360 bytes"):
         ShardIndex.parse(data, 21, 360)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="20 records in 360 bytes"):
         ShardIndex.parse(data, 20, 361)
+    with pytest.raises(ValueError, match="another version of the shard"):
+        ShardIndex.parse(data, 20, 360, version_tag("s3://b/k", "0123abce"))
+    earlier = EARLIER_MAGIC + data[len(EARLIER_MAGIC) :]
+    with pytest.raises(ValueError, match="earlier release"):
+        ShardIndex.parse(earlier, 20, 360)
+
+
+def test_a_version_tag_is_the_etag_or_a_local_files_mtime_and_size():
+    assert version_tag("s3://b/k", '"abc"') == version_tag("s3://b/k", "abc")
+    assert version_tag("s3://b/k", "abc") != version_tag("s3://b/k", "abd")
+    # The local store's etag is inode-mtime-size: a copy that keeps the mtime keeps the tag.
+    assert version_tag("file:///a", "11-5f-20") == version_tag("file:///b", "99-5f-20")
+    assert version_tag("file:///a", "11-5f-20") != version_tag("file:///a", "11-60-20")
+
+
+def test_frames_streamed_in_chunks_must_end_at_a_frame_boundary():
+    body = frames_of([3, 5, 1])
+    with pytest.raises(ValueError, match="frame boundary"):
+        FrameOffsets.of_chunks([body[:-1]])
+    with pytest.raises(ValueError, match="frame boundary"):
+        FrameOffsets.of_chunks([body, b"\0\0"])
+    assert list(FrameOffsets.of_chunks([body[i : i + 1] for i in range(len(body))]).kept) == [
+        0,
+        11,
+        24,
+    ]
 
 
 @given(records=st.integers(1, 2**62), size=st.integers(1, 2**62))

@@ -1,4 +1,4 @@
-"""The seeded order of SPEC section 6 (v3) end to end: every batch mixes the whole selection,
+"""The seeded order of SPEC section 6 (v4) end to end: every batch mixes the whole selection,
 each record once, each byte fetched about once, on the local store and SeaweedFS, with and
 without shard indexes."""
 
@@ -18,8 +18,12 @@ torch = pytest.importorskip("torch")
 
 from loader_data import s3_client  # noqa: E402
 from syvain_training_data import SyvainTrainingData  # noqa: E402
-from syvain_training_data.formats.shard_index import INDEX_SUFFIX, ShardIndex  # noqa: E402
-from syvain_training_data.storage import get_object  # noqa: E402
+from syvain_training_data.formats.shard_index import (  # noqa: E402
+    INDEX_SUFFIX,
+    ShardIndex,
+    version_tag,
+)
+from syvain_training_data.storage import get_object, head_object  # noqa: E402
 from uniform import expected_distinct  # noqa: E402
 
 SOURCES, PER_SOURCE, BATCH = 64, 500, 32
@@ -273,7 +277,15 @@ def test_a_copied_shard_gets_its_own_index(local_sources, tmp_path):
     shard = client.load_manifest(manifest_uri).splits["train"].shards[5]
     destination = f"file://{tmp_path}/copy.msgpack.zstf"
     copied = copy_shard(shard, destination, data_format="msgpack.zstf")
-    assert get_object(destination + INDEX_SUFFIX) == get_object(shard.uri + INDEX_SUFFIX)
+    copy_version = version_tag(destination, head_object(destination).etag)
+    source_version = version_tag(shard.uri, head_object(shard.uri).etag)
+    copy_index = ShardIndex.parse(
+        get_object(destination + INDEX_SUFFIX), shard.records, shard.size_bytes, copy_version
+    )
+    source_index = ShardIndex.parse(
+        get_object(shard.uri + INDEX_SUFFIX), shard.records, shard.size_bytes, source_version
+    )
+    assert copy_index.offsets == source_index.offsets
     again = copy_shard(shard, destination, data_format="msgpack.zstf")  # idempotent
     assert again == copied
 

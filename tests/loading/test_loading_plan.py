@@ -79,7 +79,9 @@ def blocked_counts(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[int, ...]]:
 @given(blocked=blocked_counts(), seed=st.integers(0, 2**32), window=st.integers(0, 40))
 def test_the_seeded_order_is_a_permutation_of_blocks_interleaved_in_order(blocked, seed, window):
     counts, blocks = blocked
-    read_plan = plan.ReadPlan(streams=(counts,), seed=seed, window=window, blocks=(blocks,))
+    read_plan = plan.ReadPlan(
+        streams=(counts,), seed=seed, window=window, blocks=(blocks,), indexed=True
+    )
     every = sorted((s, r) for s, n in enumerate(counts) for r in range(n))
     first = epoch_positions(read_plan, 0)
     assert sorted(first) == every
@@ -104,7 +106,9 @@ def test_any_stretch_of_a_window_reads_one_contiguous_range_per_block(blocked, s
     positions [low, high) hold, of each block, the records window_counts(low) to
     window_counts(high)."""
     counts, blocks = blocked
-    read_plan = plan.ReadPlan(streams=(counts,), seed=seed, window=8, blocks=(blocks,))
+    read_plan = plan.ReadPlan(
+        streams=(counts,), seed=seed, window=8, blocks=(blocks,), indexed=True
+    )
     order = read_plan.orders(1)[0]
     total = order.total
     marks = sorted({0, total, *(c % (total + 1) for c in cuts)})
@@ -128,7 +132,7 @@ def test_windows_mix_blocks_from_across_the_selection():
     and a batch of 32 consecutive positions draws from about as many shards as a uniform
     permutation's (25.3)."""
     counts = (500,) * 64
-    read_plan = plan.ReadPlan(streams=(counts,), seed=3, window=64, blocks=(counts,))
+    read_plan = plan.ReadPlan(streams=(counts,), seed=3, window=64, blocks=(counts,), indexed=True)
     order = list(read_plan.orders(0)[0].records(0, 32_000))
     distinct = [len({s for s, _ in order[i : i + 32]}) for i in range(0, 32_000, 32)]
     assert sum(distinct) / len(distinct) > 0.9 * 25.3
@@ -245,7 +249,7 @@ def test_blocks_are_permuted_in_groups_and_still_once(monkeypatch):
     monkeypatch.setattr(block_order, "GROUP_BLOCKS", 3)
     counts = (4, 1, 7, 2, 9, 3, 5, 6)
     blocks = (2, 1, 3, 2, 4, 1, 5, 2)
-    read_plan = plan.ReadPlan(streams=(counts,), seed=4, window=5, blocks=(blocks,))
+    read_plan = plan.ReadPlan(streams=(counts,), seed=4, window=5, blocks=(blocks,), indexed=True)
     first = epoch_positions(read_plan, 0)
     assert sorted(first) == sorted((s, r) for s, n in enumerate(counts) for r in range(n))
     assert first != epoch_positions(read_plan, 1)
@@ -395,6 +399,11 @@ def test_unseeded_states_of_earlier_releases_still_load_and_seeded_ones_do_not()
     assert (
         seeded.fingerprint()
         != plan.ReadPlan(
-            streams=((5, 9, 3),), seed=1, window=64, identity="abc", blocks=((5, 3, 3),)
+            streams=((5, 9, 3),),
+            seed=1,
+            window=64,
+            identity="abc",
+            blocks=((5, 3, 3),),
+            indexed=True,
         ).fingerprint()
     )

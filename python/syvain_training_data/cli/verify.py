@@ -11,14 +11,16 @@ from syvain_training_data.cli.context import Context, check_schemes, to_uri
 from syvain_training_data.cli.errors import CommandFailed, describe
 from syvain_training_data.cli.output import ShardProgress, emit, plural
 from syvain_training_data.cli.shards import unique_shards
+from syvain_training_data.loading.shard_indexes import index_problem
 from syvain_training_data.manifest import DataManifest, DataManifestDataFormat, ManifestShard
 from syvain_training_data.object_check import check_head
 from syvain_training_data.shard import iter_shard
 
-HELP: Final = "check every shard: size and etag (HEAD); --deep reads every record"
+HELP: Final = "check every shard: size and etag (HEAD); --deep reads every record and index"
 DESCRIPTION: Final = (
     "HEAD every shard of a manifest and compare its size and etag with the manifest. With "
-    "--deep, also stream every shard and check its record count. Every problem is printed on "
+    "--deep, also stream every shard and check its record count, and check every entry of "
+    "each record offset index against its shard. Every problem is printed on "
     "its own line; the exit status is 1 if there is any."
 )
 
@@ -70,9 +72,12 @@ def count_records(
 def deep_problem(
     ctx: Context, data_format: DataManifestDataFormat, shard: ManifestShard, progress: ShardProgress
 ) -> str | None:
-    """What reading the whole shard finds wrong (bytes, record count, format), or None."""
+    """What reading the whole shard finds wrong (bytes, record count, format), or None; then
+    what is wrong with its record offset index (msgpack.zstf), each entry checked."""
     try:
         count_records(ctx, data_format, shard, progress)
+        if data_format == "msgpack.zstf":
+            return index_problem(shard, ctx.client.storage_config)
     except (RuntimeError, OSError) as error:
         message = describe(error).split(": ", 1)[1]
         return message if shard.uri in message else f"{shard.uri}: {message}"

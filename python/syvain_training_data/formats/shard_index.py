@@ -1,34 +1,44 @@
 """Record offset index of a msgpack.zstf shard: the optional object ``{shard_uri}.index``
-(SPEC section 6, seeded order) that lets a reader fetch any run of records with one ranged GET.
+(SPEC section 6, seeded order and indexes, v4) that lets a reader fetch any run of records with
+one ranged GET.
 
 A msgpack.zstf record is a self-delimiting frame (8-byte length, then the frame), so the byte
 offset of every ``every``-th record is all a reader needs to start anywhere. The index is
 written by the saver after the data object and before the completion descriptor (and by
 ``cp --with-shards`` from the verified bytes); other implementations neither write nor read it.
-It is never trusted for bounds: a reader checks what it reads of it against the manifest's
-record count and size, and reads a segment of the shard as a shard of its own, so every frame
-and count check of SPEC section 3 still applies and a wrong index is an error, never other
-records.
+
+Trust. An index names the version of the shard it indexes: its record count, its size and a
+tag of its version as the store gives it (:func:`version_tag`: the etag; for a ``file://``
+shard its mtime and size). A reader compares them with the manifest and the shard before it
+reads a record through the index, so an index of another shard, or a stale one left beside a
+rewritten shard, is not used (the shard is then read from its start). Nothing pins an index's
+entries: an index that names the right shard but whose entries point at other records (a
+buggy or hostile writer) is trusted as much as the folder it sits in; the reader checks only
+that they fit the shard, and ``syvain-data verify --deep`` checks every entry against the shard.
 
 Bytes (little-endian)::
 
-    b"SYVIDX01", records: u64, size_bytes: u64, every: u64,
+    b"SYVIDX02", records: u64, size_bytes: u64, version tag: 8 bytes,
     then one u64 per ``every`` records: the byte offset of records 0, every, 2 x every, ...
 
 ``every`` follows from (records, size_bytes) alone (:func:`index_every`), so a reader that
 knows the shard from the manifest computes where any entry lies and reads only the entries
-around the records it wants: a few bytes per block, whatever the shard's size.
+around the records it wants: a few bytes per block, whatever the shard's size. An earlier
+release's index (``SYVIDX01``, ``every`` where the tag now is) names no version and is not used.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import struct
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
+
+from syvain_training_data.uris import FILE_PREFIX, plain_etag
 
 __all__ = [
     "BLOCK_BYTES",
@@ -39,11 +49,14 @@ __all__ = [
     "ShardIndex",
     "block_records",
     "index_every",
+    "version_tag",
 ]
 
 INDEX_SUFFIX: Final = ".index"
-MAGIC: Final = b"SYVIDX01"
-HEADER: Final = struct.Struct("<8sQQQ")
+MAGIC: Final = b"SYVIDX02"
+EARLIER_MAGIC: Final = b"SYVIDX01"
+HEADER: Final = struct.Struct("<8sQQ8s")
+CONTENT_TYPE: Final = "application/octet-stream"
 ENTRY_BYTES: Final = 8
 # One entry per about 1/1024 of a shard, and per 256 B to 2 KiB of it: a range that starts or
 # ends inside a block fetches at most one stride around its records, and the entries a block
@@ -60,6 +73,17 @@ BLOCK_BYTES: Final = 4 * 1024 * 1024
 MAX_SHARD_BLOCKS: Final = 1 << 16
 # Offsets a writer holds while encoding (8 bytes each); beyond, it keeps every other one.
 MAX_KEPT: Final = 1 << 20
+
+
+def version_tag(uri: str, etag: str) -> bytes:
+    """What an index names of its shard's version: the first 8 bytes of the SHA-256 of the
+    shard's etag as its store gives it (quotes stripped), or for a ``file://`` shard of its
+    mtime and size only (the local store's etag also holds the inode, which no copy keeps,
+    while ``cp -p`` and ``rsync -a`` keep the mtime)."""
+    etag = plain_etag(etag)
+    if uri.startswith(FILE_PREFIX):
+        etag = etag.split("-", 1)[-1]
+    return hashlib.sha256(b"syvain-shard-version\0" + etag.encode()).digest()[:8]
 
 
 def stride_bytes(size_bytes: int) -> int:
@@ -122,10 +146,26 @@ class IndexLayout:
     def entries(self) -> int:
         return math.ceil(self.records / self.every)
 
-    @property
-    def header(self) -> bytes:
-        """The index object's first bytes."""
-        return HEADER.pack(MAGIC, self.records, self.size_bytes, self.every)
+    def header(self, version: bytes) -> bytes:
+        """The index object's first bytes, for the shard version tagged ``version``."""
+        return HEADER.pack(MAGIC, self.records, self.size_bytes, version)
+
+    def header_problem(self, header: bytes, version: bytes | None) -> str | None:
+        """What makes ``header`` (an index object's first bytes) an index of something other
+        than this shard at ``version`` (None: any version), or None."""
+        magic, records, size_bytes, found = HEADER.unpack_from(header)
+        if magic == EARLIER_MAGIC:
+            return "it was written by an earlier release and names no shard version"
+        if magic != MAGIC:
+            return "it is not a syvain-training-data shard index"
+        if (records, size_bytes) != (self.records, self.size_bytes):
+            return (
+                f"it indexes a shard of {records} records in {size_bytes} bytes, not the "
+                f"manifest's {self.records} records in {self.size_bytes} bytes"
+            )
+        if version is not None and found != version:
+            return "it indexes another version of the shard (stale, or another shard's)"
+        return None
 
     @property
     def object_size(self) -> int:
@@ -204,19 +244,44 @@ class FrameOffsets:
             self.kept = self.kept[::2]
             self.step *= 2
 
-    def index(self, size_bytes: int) -> ShardIndex:
-        """The shard's index: an entry every ``index_every`` records."""
+    @classmethod
+    def of_chunks(cls, chunks: Iterable[bytes | memoryview]) -> FrameOffsets:
+        """The frames of a msgpack.zstf shard streamed as ``chunks`` of any sizes, found by
+        their length headers (a header may straddle chunks); ValueError when the bytes do not
+        end at a frame boundary."""
+        frames = cls()
+        position = 0  # the stream offset after the chunks seen so far
+        frame = 0  # where the frame whose header is being read starts
+        header = bytearray()
+        for chunk in chunks:
+            view = memoryview(chunk)
+            base, position = position, position + len(view)
+            while frame + len(header) < position:
+                at = frame + len(header) - base
+                header += view[at : at + 8 - len(header)]
+                if len(header) == 8:
+                    frames._frame(frame)
+                    frame += 8 + int.from_bytes(header, "big")
+                    header.clear()
+        if header or frame != position:
+            raise ValueError("the shard does not end at a msgpack.zstf frame boundary")
+        return frames
+
+    def index(self, size_bytes: int, version: bytes) -> ShardIndex:
+        """The shard's index, for the shard version tagged ``version``: an entry every
+        ``index_every`` records."""
         every = index_every(self.records, size_bytes)
-        return ShardIndex(self.records, size_bytes, self.kept[:: every // self.step])
+        return ShardIndex(self.records, size_bytes, version, self.kept[:: every // self.step])
 
 
 @dataclass(frozen=True)
 class ShardIndex:
     """A whole index: the byte offsets of records 0, ``every``, 2 x ``every``, ... of a shard
-    of ``records`` records in ``size_bytes`` bytes."""
+    of ``records`` records in ``size_bytes`` bytes, at the version tagged ``version``."""
 
     records: int
     size_bytes: int
+    version: bytes
     offsets: Sequence[int]
 
     @property
@@ -224,23 +289,24 @@ class ShardIndex:
         return IndexLayout(self.records, self.size_bytes)
 
     def to_bytes(self) -> bytes:
-        return self.layout.header + array("q", self.offsets).tobytes()
+        return self.layout.header(self.version) + array("q", self.offsets).tobytes()
 
     @classmethod
-    def parse(cls, data: bytes, records: int, size_bytes: int) -> ShardIndex:
+    def parse(
+        cls, data: bytes, records: int, size_bytes: int, version: bytes | None = None
+    ) -> ShardIndex:
         """The index in ``data`` for a shard the manifest says holds ``records`` records in
-        ``size_bytes`` bytes; ValueError saying what is wrong with anything else."""
+        ``size_bytes`` bytes (at the version tagged ``version``, when given); ValueError saying
+        what is wrong with anything else."""
         layout = IndexLayout(records, size_bytes)
         if len(data) != layout.object_size:
             raise ValueError(f"it holds {len(data)} bytes, not the {layout.object_size} expected")
-        magic, found_records, found_size, every = HEADER.unpack_from(data)
-        if magic != MAGIC:
-            raise ValueError("it is not a syvain-training-data shard index")
-        if (found_records, found_size, every) != (records, size_bytes, layout.every):
-            raise ValueError("it describes another shard (records, size_bytes or every differ)")
+        problem = layout.header_problem(data[: HEADER.size], version)
+        if problem is not None:
+            raise ValueError(problem)
         offsets = array("q", data[HEADER.size :])
         layout.segment(0, offsets, 0, 1)  # checks every offset
-        return cls(records, size_bytes, offsets)
+        return cls(records, size_bytes, data[HEADER.size - 8 : HEADER.size], offsets)
 
     def segment(self, start: int, stop: int) -> Segment:
         """The segment that holds records [start, stop) (start < stop)."""

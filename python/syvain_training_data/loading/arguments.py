@@ -47,6 +47,7 @@ class LoadOptions:
     mixing_stop: str = "first_exhausted"
     infinite_iter: bool = False
     log_stats_every: float | None = None
+    indexes: bool | None = None
 
     @classmethod
     def of(cls, arguments: Mapping[str, Any]) -> LoadOptions:

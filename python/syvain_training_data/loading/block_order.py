@@ -1,4 +1,4 @@
-"""The seeded epoch order of one stream (SPEC section 6, the ``seed`` bullet, v3).
+"""The seeded epoch order of one stream (SPEC section 6, the ``seed`` bullet and the order, v4).
 
 Every batch should mix the whole selection about as a uniform permutation would, yet a
 consumer must stream: contiguous byte ranges, each shard's bytes fetched about once, memory
@@ -7,13 +7,19 @@ records of one shard (about 4 MiB of an indexed msgpack.zstf shard, see
 ``formats.shard_index``; a whole shard where the format or a missing index gives no random
 access):
 
-1. The shards are permuted, then cut into *groups* of at most ``GROUP_BLOCKS`` blocks (or
-   ``GROUP_SHARDS`` shards); group g covers the positions after groups 0..g-1.
-2. Inside a group, all its blocks are permuted, and consecutive runs of ``window`` blocks form
-   *windows* (fewer when they would hold more than ``MAX_WINDOW_RECORDS`` records, as whole
-   shards of datasets without indexes may).
+1. The shards are permuted, then cut into *groups* of about equal block counts, at most
+   ``GROUP_BLOCKS`` blocks (or ``GROUP_SHARDS`` shards) each; group g covers the positions
+   after groups 0..g-1.
+2. Inside a group, all its blocks are permuted, and consecutive runs of blocks form *windows*
+   of about equal size, at most ``window`` blocks (and no more than ``MAX_WINDOW_RECORDS``
+   records, as whole shards of datasets without indexes may hold), so no window is a
+   remainder of a few blocks that a batch could not mix.
 3. Inside a window, the blocks' records are interleaved in a seeded uniformly random order that
    keeps each block's records in their own order (``_native.interleave``).
+
+Every permutation and interleaving comes from one pinned generator in the native core
+(``syvain_core::order``: SplitMix64 and Fisher-Yates), seeded by the SHA-256 of the decision's
+name (:func:`plan_seed`), so the order is the same on every Python version and platform.
 
 Any stretch of a window then draws from ``window`` blocks spread over the whole group, about
 as a uniform permutation of the group would. Because interleaving keeps each block's order,
@@ -29,7 +35,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import itertools
-import random
+import sys
 from array import array
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -43,7 +49,8 @@ __all__ = [
     "GROUP_SHARDS",
     "BlockOrder",
     "Window",
-    "seeded",
+    "permutation",
+    "plan_seed",
     "window_counts",
 ]
 
@@ -58,9 +65,27 @@ GROUP_SHARDS = 1 << 16
 MAX_WINDOW_RECORDS = 1 << 21
 
 
-def seeded(*parts: object) -> random.Random:
-    """The random generator of one decision of the epoch order, named by ``parts``."""
-    return random.Random(":".join(map(str, ("syvain-plan", *parts))))
+def plan_seed(*parts: object) -> int:
+    """The seed of one decision of the epoch order, named by ``parts``: the first 8 bytes,
+    little-endian, of the SHA-256 of ``syvain-plan:{part}:{part}...``."""
+    key = ":".join(map(str, ("syvain-plan", *parts)))
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
+
+
+def permutation(count: int, *parts: object) -> array[int]:
+    """A uniformly random permutation of ``range(count)`` for the decision named by
+    ``parts``, from the native generator."""
+    items = array("q", _native.permutation(count, plan_seed(*parts)))
+    if sys.byteorder == "big":
+        items.byteswap()
+    return items
+
+
+def _even_cuts(total: int, most: int) -> int:
+    """The size of the fewest about-equal parts of ``total`` that hold at most ``most`` each:
+    a greedy cut at this size leaves no small remainder."""
+    parts = max(1, -(-total // most))
+    return -(-total // parts)
 
 
 @dataclass(frozen=True)
@@ -85,24 +110,27 @@ class _Group:
         self.counts = [order.counts[s] for s in self.shards]
         per_shard = [-(-n // size) for n, size in zip(self.counts, self.sizes, strict=True)]
         self.block_starts = array("q", [0, *itertools.accumulate(per_shard)])
-        permutation = array("q", range(self.block_starts[-1]))
-        seeded(order.seed, order.epoch, order.number, "blocks", group).shuffle(permutation)
-        self.permutation = permutation
-        # Windows: up to `window` consecutive blocks of the permutation, and no more records
-        # than MAX_WINDOW_RECORDS unless one block holds more (its interleaving is then its
-        # own order): a window's interleaving stays a few MiB.
+        blocks = self.block_starts[-1]
+        self.permutation = permutation(
+            blocks, order.seed, order.epoch, order.number, "blocks", group
+        )
+        # Windows: about equal runs of at most `window` consecutive blocks of the permutation
+        # (a remainder of one block would be read alone, in order), and no more records than
+        # MAX_WINDOW_RECORDS unless one block holds more (its interleaving is then its own
+        # order): a window's interleaving stays a few MiB.
+        windows = max(-(-blocks // order.window), -(-sum(self.counts) // MAX_WINDOW_RECORDS))
+        windows = min(windows, blocks)
+        ends = {blocks * (w + 1) // windows for w in range(windows)}  # sizes differ by <= 1
         bounds, totals = [0], []
         held = 0
-        for i, block in enumerate(permutation):
+        for i, block in enumerate(self.permutation):
             count = self.block(block)[2]
-            if i > bounds[-1] and (
-                i - bounds[-1] >= order.window or held + count > MAX_WINDOW_RECORDS
-            ):
+            if i > bounds[-1] and (i in ends or held + count > MAX_WINDOW_RECORDS):
                 bounds.append(i)
                 totals.append(held)
                 held = 0
             held += count
-        bounds.append(len(permutation))
+        bounds.append(blocks)
         totals.append(held)
         self.window_bounds = bounds
         self.window_starts = [0, *itertools.accumulate(totals)]
@@ -130,16 +158,19 @@ class BlockOrder:
         self.counts, self.block_sizes = counts, block_sizes
         self.seed, self.epoch, self.number = seed, epoch, number
         self.window = max(1, window)
-        shard_order = array("q", range(len(counts)))
-        seeded(seed, epoch, number, "shards").shuffle(shard_order)
+        shard_order = permutation(len(counts), seed, epoch, number, "shards")
         self.shard_order = shard_order
+        # Groups of about equal block and shard counts: a last group of a few blocks would
+        # mix only among themselves.
+        per_shard = [-(-count // size) for count, size in zip(counts, block_sizes, strict=True)]
+        group_blocks = _even_cuts(sum(per_shard), GROUP_BLOCKS)
+        group_shards = _even_cuts(len(counts), GROUP_SHARDS)
         bounds, totals = [0], []
         blocks = records = 0
         for i, shard in enumerate(shard_order):
-            count = counts[shard]
-            blocks += -(-count // block_sizes[shard])
-            records += count
-            if blocks >= GROUP_BLOCKS or i + 1 - bounds[-1] >= GROUP_SHARDS:
+            blocks += per_shard[shard]
+            records += counts[shard]
+            if blocks >= group_blocks or i + 1 - bounds[-1] >= group_shards:
                 bounds.append(i + 1)
                 totals.append(records)
                 blocks = records = 0
@@ -168,14 +199,13 @@ class BlockOrder:
         w = bisect.bisect_right(group.window_starts, position - base) - 1
         if self._window is not None and self._window[0] == (g, w):
             return self._window[1]
-        permutation = group.permutation
+        order = group.permutation
         low, high = group.window_bounds[w], group.window_bounds[w + 1]
-        blocks = tuple(group.block(permutation[i]) for i in range(low, high))
+        blocks = tuple(group.block(order[i]) for i in range(low, high))
         labels = None
         if len(blocks) > 1:
-            key = f"syvain-plan:{self.seed}:{self.epoch}:{self.number}:window:{g}:{w}"
-            seed64 = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
-            raw = _native.interleave([count for _, _, count in blocks], seed64)
+            seed = plan_seed(self.seed, self.epoch, self.number, "window", g, w)
+            raw = _native.interleave([count for _, _, count in blocks], seed)
             labels = memoryview(raw).cast("H")
         window = Window(
             base + group.window_starts[w], base + group.window_starts[w + 1], blocks, labels

@@ -185,9 +185,14 @@ class RecordDataLoader(EpochLoader[plan.Interrupt]):
                 raise ValueError(f"This is a {kind} loader state, not a record loader's")
             raise ValueError(f"Not a record loader's state (kind {checks.describe(kind)})")
         selection = checks.string(checks.field(state, "selection"), "selection")
-        if selection != self.dataset.read_plan.fingerprint():
+        read_plan = self.dataset.read_plan
+        if selection != read_plan.fingerprint():
             raise ValueError(
-                "This loader state was saved for another selection, seed, shuffle or mixing"
+                read_plan.refusal(
+                    selection,
+                    plan.ReadPlan.fingerprint,
+                    "This loader state was saved for another selection, seed, shuffle or mixing",
+                )
             )
         epoch = checks.epoch_of(state)
         interrupts = self.dataset.interrupts_from_json(checks.field(state, "interrupts"), epoch)

@@ -307,7 +307,13 @@ class ShardDataset(IterableDataset[Any]):
             return
         selection = checks.string(checks.field(state, "selection"), "selection")
         if selection != self.read_plan.fingerprint():
-            raise ValueError("This loader state was saved for another selection or seed")
+            raise ValueError(
+                self.read_plan.refusal(
+                    selection,
+                    plan.ReadPlan.fingerprint,
+                    "This loader state was saved for another selection or seed",
+                )
+            )
         interrupts = self.interrupts_from_json(checks.field(state, "interrupts"), epoch)
         length = plan.epoch_length(self.read_plan, epoch)
         yielded = checks.integer(checks.field(state, "yielded"), "yielded", 0, length)

@@ -5,13 +5,37 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections.abc import Iterator, Sequence
 
-from syvain_training_data.loading.block_order import seeded
+from syvain_training_data import _native
+from syvain_training_data.loading.block_order import plan_seed
 
-__all__ = ["MIX_STOPS", "MixedOrder"]
+__all__ = ["MIX_STOPS", "MixedOrder", "PhaseDraws"]
 
 MIX_STOPS = ("first_exhausted", "all_exhausted")
+
+
+class PhaseDraws:
+    """The mixing phases of an epoch, drawn in turn (a schedule draws one set per segment).
+
+    Seeded, they come from the order's one native generator. Unseeded mixing keeps drawing
+    from ``random.Random(str).random()``, whose sequence Python promises to keep for a given
+    seed, so the unseeded mixing states of earlier releases keep resuming."""
+
+    def __init__(self, seed: int | None, epoch: int) -> None:
+        self.seed, self.epoch = seed, epoch
+        self.drawn = 0
+        self._unseeded = random.Random(f"syvain-plan:None:{epoch}:mix") if seed is None else None
+
+    def take(self, count: int) -> list[float]:
+        """The next ``count`` phases, each in [0, 1)."""
+        if self._unseeded is not None:
+            return [self._unseeded.random() for _ in range(count)]
+        seed = plan_seed(self.seed, self.epoch, "mix")
+        phases = _native.unit_draws(self.drawn + count, seed)[self.drawn :]
+        self.drawn += count
+        return phases
 
 
 class MixedOrder:
@@ -35,8 +59,7 @@ class MixedOrder:
         self.lengths = list(lengths)
         self.shares = [weight / total_weight for weight in weights]
         if phases is None:
-            draw = seeded(seed, epoch, "mix")
-            phases = [draw.random() for _ in lengths]
+            phases = PhaseDraws(seed, epoch).take(len(lengths))
         self.phases = list(phases)
         if mix_stop == "all_exhausted":
             self.length = sum(self.lengths)

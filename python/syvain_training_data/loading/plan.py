@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import array
 import bisect
+import dataclasses
 import hashlib
 import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -209,8 +210,10 @@ class ReadPlan:
     names a schedule without its entries, so a state resumes with an edited schedule (the loader
     compares the two). ``identity`` names the shards themselves (a digest of their URIs), so a
     state saved for one selection is refused by another. ``blocks``: per stream, the records per
-    block of each shard (None: whole shards); ``indexed``: the shards have record offset
-    indexes to read ranges with (it changes bytes fetched, never the order)."""
+    block of each shard of an indexed dataset; ``indexed``: the dataset has record offset
+    indexes (established alike on every rank, ``loading.shard_indexes``), so a seeded order
+    cuts its shards into ``blocks`` (else whole shards are blocks). The order never depends on
+    what an index holds, only on whether the dataset has them."""
 
     streams: tuple[tuple[int, ...], ...]
     weights: tuple[float, ...] | None = None
@@ -240,40 +243,74 @@ class ReadPlan:
         ]:
             raise ValueError("One block size per shard")
 
-    def fingerprint(self) -> str:
-        """A short digest of everything that decides the epoch order."""
+    @property
+    def block_counts(self) -> tuple[tuple[int, ...], ...]:
+        """Per stream, the records per block of each shard the seeded order uses."""
+        return self.blocks if self.indexed and self.blocks is not None else self.streams
+
+    def fingerprint(self, earlier_release: bool = False) -> str:
+        """A short digest of everything that decides the epoch order. ``earlier_release``:
+        the digest the previous release gave the same seeded plan (its order came from
+        Python's ``random.shuffle``), so such a state is refused with its own reason."""
+        blocks = self.blocks if self.seed is not None and self.indexed and self.blocks else ()
         digest = hashlib.sha256()
-        for counts in (*self.streams, *(self.blocks or ())):
+        for counts in (*self.streams, *blocks):
             digest.update(array.array("q", counts).tobytes())
             digest.update(b"/")
-        # v3 is the seeded block order; an unseeded order is v2's, so its states still load.
-        version = "syvain-loader-plan-v2" if self.seed is None else "syvain-loader-plan-v3"
+        # v4 is the seeded block order of the native generator; an unseeded order is v2's, so
+        # its states still load.
+        version = "syvain-loader-plan-v2"
+        if self.seed is not None:
+            version = "syvain-loader-plan-v3" if earlier_release else "syvain-loader-plan-v4"
         mixing: str | list[str] | None = None
         if self.schedule is not None:  # not its entries: the loader compares schedules
             mixing = "schedule"
         elif self.weights is not None:
             mixing = [repr(w) for w in self.weights]
-        text = json.dumps(
-            [
-                version,
-                digest.hexdigest(),
-                mixing,
-                self.mix_stop,
-                self.seed,
-                self.window,
-                self.equal_batches,
-                self.identity,
-            ],
-            separators=(",", ":"),
-        )
+        fields: list[Any] = [
+            version,
+            digest.hexdigest(),
+            mixing,
+            self.mix_stop,
+            self.seed,
+            self.window,
+            self.equal_batches,
+            self.identity,
+        ]
+        if self.seed is not None and not earlier_release:
+            fields.append(self.indexed)
+        text = json.dumps(fields, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def refusal(self, selection: str, digest: Callable[[ReadPlan, bool], str], other: str) -> str:
+        """Why a state whose fingerprint is ``selection`` does not resume this plan (its
+        fingerprint, ``digest(self, False)``, differs): made by an earlier release's seeded
+        order, or by a loader that answered "has indexes" otherwise; else ``other``."""
+        if self.seed is None:
+            return other
+        if selection == digest(self, True):
+            return (
+                "This loader state was made by an earlier release's seeded order, which this "
+                "release no longer draws (its permutations came from Python's random module, "
+                "which may change between Python versions); it cannot resume exactly here: "
+                "finish its epoch with the release that saved it, or start a new epoch"
+            )
+        flipped = dataclasses.replace(self, indexed=not self.indexed)
+        if selection == digest(flipped, False):
+            saved, ours = ("with", "without") if flipped.indexed else ("without", "with")
+            return (
+                f"This loader state was saved by a loader that read the dataset {saved} record "
+                f"offset indexes, and this one reads it {ours} them (which decides the seeded "
+                f"order); pass indexes={flipped.indexed} to load() to resume it"
+            )
+        return other
 
     def orders(self, epoch: int) -> list[Order]:
         """Per stream, its epoch order: manifest order without a seed, else blocks permuted
         and interleaved ``window`` at a time (``block_order``)."""
         if self.seed is None:
             return [StreamOrder(counts) for counts in self.streams]
-        blocks = self.blocks or self.streams
+        blocks = self.block_counts
         return [
             BlockOrder(counts, blocks[number], self.seed, epoch, number, self.window)
             for number, counts in enumerate(self.streams)

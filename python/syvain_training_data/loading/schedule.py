@@ -33,7 +33,6 @@ from typing import Any
 
 from syvain_training_data.loading import mixing, plan, token_plan
 from syvain_training_data.loading import state as checks
-from syvain_training_data.loading.block_order import seeded
 
 __all__ = [
     "MAX_SCHEDULE_ENTRIES",
@@ -222,7 +221,7 @@ class ScheduledOrder:
         seed: int | None,
         epoch: int,
     ) -> None:
-        draw = seeded(seed, epoch, "mix")
+        draws = mixing.PhaseDraws(seed, epoch)
         self.lengths = list(lengths)
         self.starts: list[int] = []
         self.before: list[list[int]] = []  # per segment, records of each stream before it
@@ -230,7 +229,7 @@ class ScheduledOrder:
         used = [0 for _ in self.lengths]
         self.length = 0
         for index, (start, weights) in enumerate(schedule):
-            phases = [draw.random() for _ in self.lengths]
+            phases = draws.take(len(self.lengths))
             rest = [n - u for n, u in zip(self.lengths, used, strict=True)]
             part = mixing.MixedOrder(rest, weights, mix_stop, seed, epoch, phases)
             self.starts.append(start)

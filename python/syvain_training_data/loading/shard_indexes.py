@@ -1,10 +1,18 @@
-"""The record offset indexes a loader reads (``formats.shard_index``): for each range read, one
-ranged GET of the few index entries around the range (about 4 KiB per MiB of shard), never the
-whole index.
+"""The record offset indexes a loader reads (``formats.shard_index``): per shard, the index's
+header once, then for each range read one ranged GET of the few index entries around the range
+(about 4 KiB per MiB of shard), never the whole index.
 
-An index is optional: a shard without one, or with one that does not fit the manifest, is read
-from its start (its records before the range are skipped without being decoded), which costs
-bytes, never correctness.
+Two questions, kept apart (SPEC section 6, the order and indexes, v4):
+
+- *Does the dataset have indexes?* (:func:`has_index`) It decides whether a seeded order cuts
+  shards into blocks, so it must get the same answer on every rank: only a definite "not
+  found" means no, every other error is raised (after the store's retries), and what the index
+  holds plays no part.
+- *May this consumer read this shard through its index?* (:class:`ShardIndexes`) Only when the
+  index names the shard the manifest names, at the version the store serves (records, size and
+  version tag, ``formats.shard_index``); otherwise, once per shard and with one warning (none
+  when there is no index), the consumer learns the shard's frame offsets as it reads
+  (``loading.learned_offsets``). This changes the bytes fetched, never the records.
 """
 
 from __future__ import annotations
@@ -16,20 +24,29 @@ from collections import OrderedDict
 
 from syvain_training_data.errors import StorageError, StorageRetryExhaustedError
 from syvain_training_data.formats.shard_index import (
+    EARLIER_MAGIC,
     HEADER,
     INDEX_SUFFIX,
+    FrameOffsets,
     IndexLayout,
     Segment,
+    ShardIndex,
+    version_tag,
 )
+from syvain_training_data.loading.learned_offsets import LearnedOffsets
 from syvain_training_data.manifest import ManifestShard
-from syvain_training_data.storage import StorageConfig, open_stream
+from syvain_training_data.storage import StorageConfig, get_object, head_object, open_stream
+from syvain_training_data.uris import portable_etag
 
-__all__ = ["ShardIndexes", "has_index"]
+__all__ = ["ShardIndexes", "has_index", "index_problem"]
 
 log = logging.getLogger(__name__)
 
-# Shards remembered as having no usable index, per consumer.
+# Shards whose verdict (index usable or not) a consumer remembers.
 REMEMBERED = 4096
+# Shards without a usable index whose learned frame offsets a consumer keeps (512 KiB each at
+# most): a window reads at most 64 shards at once.
+LEARNED_SHARDS = 64
 
 
 def _read(
@@ -43,51 +60,168 @@ def _read(
 
 
 def has_index(shard: ManifestShard, storage_config: StorageConfig | None) -> bool:
-    """Whether ``shard`` has an index that fits it (header and size; one small read)."""
-    layout = IndexLayout(shard.records, shard.size_bytes)
+    """Whether ``shard`` has an index object beside it (one HEAD; its content plays no part).
+
+    Raises the store's error, naming the index, for anything but a definite "not found": a
+    rank that cannot tell must not guess, or ranks would order the epoch differently."""
+    uri = shard.uri + INDEX_SUFFIX
     try:
-        header = _read(shard.uri + INDEX_SUFFIX, layout, 0, HEADER.size, storage_config)
-    except StorageRetryExhaustedError:
-        raise
-    except (FileNotFoundError, PermissionError, StorageError):
+        head_object(uri, storage_config=storage_config)
+    except FileNotFoundError:
         return False
-    return header == layout.header
+    except StorageError as error:  # the same class, so callers' handling stays right
+        raise type(error)(_undecided(uri, error), error.uri, error.reason) from error
+    except OSError as error:
+        raise type(error)(_undecided(uri, error)) from error
+    return True
+
+
+def _undecided(uri: str, error: BaseException) -> str:
+    return (
+        "Cannot tell whether the dataset has record offset indexes (which decides the seeded "
+        f"order): reading {uri} failed: {error}. Pass indexes=True or indexes=False to load() "
+        "to decide without reading it"
+    )
 
 
 class ShardIndexes:
-    """Segments of indexed shards, each from the index entries around the range read.
-    Thread-safe: a window's range reads start in threads of their own."""
+    """Segments of indexed shards, each from the index entries around the range read, once
+    the index is known to name its shard. Thread-safe: a window's range reads start in
+    threads of their own."""
 
     def __init__(self, storage_config: StorageConfig | None) -> None:
         self.storage_config = storage_config
-        self._missing: OrderedDict[str, None] = OrderedDict()
+        self._usable: OrderedDict[str, bool] = OrderedDict()
+        self._checking: dict[str, threading.Lock] = {}
+        self._learned_offsets: OrderedDict[str, LearnedOffsets] = OrderedDict()
         self._lock = threading.Lock()
 
     def segment(self, shard: ManifestShard, start: int, stop: int) -> Segment | None:
-        """The segment holding records [start, stop) (start < stop) of ``shard``, or None when
-        it has no usable index (then read the shard from its start)."""
-        with self._lock:
-            if shard.uri in self._missing:
-                return None
+        """The segment holding records [start, stop) (start < stop) of ``shard``: from the
+        index entries around it, or, when the shard has no index that names it, from the
+        offsets this consumer learns of its frames (``loading.learned_offsets``); None: read
+        the shard from its start."""
+        if not self._names_its_shard(shard):
+            return self._learned(shard).segment(start, stop)
         uri = shard.uri + INDEX_SUFFIX
         layout = IndexLayout(shard.records, shard.size_bytes)
         first, end = layout.entries_for(start, stop)
         try:
             data = _read(uri, layout, *layout.byte_range(first, end), self.storage_config)
             return layout.segment(first, array("q", data), start, stop)
+        except StorageRetryExhaustedError:
+            raise
+        except (FileNotFoundError, PermissionError, StorageError, ValueError) as error:
+            # Gone or changed since its header was read, or offsets that do not fit.
+            self._set_unusable(shard, uri, str(error))
+        return self._learned(shard).segment(start, stop)
+
+    def _learned(self, shard: ManifestShard) -> LearnedOffsets:
+        with self._lock:
+            learned = self._learned_offsets.get(shard.uri)
+            if learned is None:
+                learned = self._learned_offsets[shard.uri] = LearnedOffsets(
+                    shard, self.storage_config
+                )
+                if len(self._learned_offsets) > LEARNED_SHARDS:
+                    self._learned_offsets.popitem(last=False)
+            self._learned_offsets.move_to_end(shard.uri)
+            return learned
+
+    def _names_its_shard(self, shard: ManifestShard) -> bool:
+        with self._lock:
+            known = self._usable.get(shard.uri)
+            checking = self._checking.setdefault(shard.uri, threading.Lock())
+        if known is not None:
+            return known
+        with checking:  # one check per shard, whatever number of its blocks a window reads
+            with self._lock:
+                known = self._usable.get(shard.uri)
+            if known is None:
+                known = self._check(shard)
+            with self._lock:
+                self._checking.pop(shard.uri, None)
+        return known
+
+    def _check(self, shard: ManifestShard) -> bool:
+        uri = shard.uri + INDEX_SUFFIX
+        layout = IndexLayout(shard.records, shard.size_bytes)
+        try:
+            header = _read(uri, layout, 0, HEADER.size, self.storage_config)
+            problem = layout.header_problem(header, self._version(shard))
         except FileNotFoundError:
-            self._remember(shard.uri)
+            self._remember(shard.uri, False)
+            return False
         except StorageRetryExhaustedError:
             raise
         except (PermissionError, StorageError, ValueError) as error:
-            # Shorter or longer than the manifest's shard needs, unreadable, or offsets that
-            # do not fit: read the shard without it.
-            log.warning("Ignoring the shard index %s: %s", uri, error)
-            self._remember(shard.uri)
-        return None
+            problem = str(error)
+        if problem is not None:
+            self._set_unusable(shard, uri, problem)
+            return False
+        self._remember(shard.uri, True)
+        return True
 
-    def _remember(self, uri: str) -> None:
+    def _version(self, shard: ManifestShard) -> bytes:
+        """The version tag of the shard this consumer reads: its manifest etag (the read
+        holds the store to it), else the etag the store gives now."""
+        etag = portable_etag(shard.uri, shard.etag)
+        if not etag:
+            etag = head_object(shard.uri, storage_config=self.storage_config).etag
+        return version_tag(shard.uri, etag)
+
+    def _set_unusable(self, shard: ManifestShard, uri: str, problem: str) -> None:
         with self._lock:
-            self._missing[uri] = None
-            if len(self._missing) > REMEMBERED:
-                self._missing.popitem(last=False)
+            warned = self._usable.get(shard.uri) is False
+        if not warned:
+            log.warning(
+                "Ignoring the shard index %s: %s; reading the shard without it", uri, problem
+            )
+        self._remember(shard.uri, False)
+
+    def _remember(self, uri: str, usable: bool) -> None:
+        with self._lock:
+            self._usable[uri] = usable
+            self._usable.move_to_end(uri)
+            if len(self._usable) > REMEMBERED:
+                self._usable.popitem(last=False)
+
+
+def index_problem(shard: ManifestShard, storage_config: StorageConfig | None) -> str | None:
+    """What is wrong with ``shard``'s index (``syvain-data verify --deep``): read whole and
+    checked entry by entry against the frames of the shard, streamed once more; None when it
+    is right, or when there is none or an earlier release's, which loaders do not use.
+
+    A loader trusts an index that names its shard's version (nothing pins its entries), so
+    this is the check that an index's entries are the offsets of their records."""
+    uri = shard.uri + INDEX_SUFFIX
+    try:
+        data = get_object(uri, storage_config=storage_config)
+    except FileNotFoundError:
+        return None
+    etag = portable_etag(shard.uri, shard.etag)
+    version = version_tag(
+        shard.uri, etag or head_object(shard.uri, storage_config=storage_config).etag
+    )
+    layout = IndexLayout(shard.records, shard.size_bytes)
+    if data[: len(EARLIER_MAGIC)] == EARLIER_MAGIC:
+        return None
+    try:
+        index = ShardIndex.parse(data, shard.records, shard.size_bytes, version)
+    except ValueError as error:
+        return f"{uri}: loaders do not use it: {error}"
+    with open_stream(
+        shard.uri, size_bytes=shard.size_bytes, etag=etag or None, storage_config=storage_config
+    ) as stream:
+        frames = FrameOffsets.of_chunks(stream)
+    expected = frames.index(shard.size_bytes, version).offsets
+    wrong = [k for k, (a, b) in enumerate(zip(index.offsets, expected, strict=True)) if a != b]
+    if not wrong:
+        return None
+    k = wrong[0]
+    return (
+        f"{uri}: {len(wrong)} of {len(expected)} entries name the wrong byte offset (entry {k}: "
+        f"record {k * layout.every} starts at byte {expected[k]}, the index says "
+        f"{index.offsets[k]}); loaders trust an index that names its shard's version, so "
+        "delete it or write it anew (syvain-data cp --with-shards)"
+    )

@@ -14,7 +14,7 @@ from typing import Any, Final
 from syvain_training_data.extras import missing_extra
 
 try:
-    import torch  # noqa: F401 (the extra's check, before anything imports it)
+    import torch
 except ModuleNotFoundError as error:  # pragma: no cover - exercised without the extra
     raise missing_extra("SplitDataLoader needs PyTorch", "torch", error) from error
 
@@ -54,6 +54,29 @@ def _block_sizes(
     return tuple(
         tuple(block_records(table.records[i], table.sizes[i]) for i in ids) for ids in stream_shards
     )
+
+
+def _rank_zero_answer(question: Callable[[], bool]) -> bool:
+    """``question()`` as rank 0 of an initialised torch.distributed group answers it (sent to
+    every rank; an error there is raised on every rank), else as this process does."""
+    distributed = torch.distributed
+    if not (distributed.is_available() and distributed.is_initialized()):
+        return question()
+    if distributed.get_world_size() == 1:
+        return question()
+    sent: list[object] = [None]
+    failure: BaseException | None = None
+    if distributed.get_rank() == 0:
+        try:
+            sent = [question()]
+        except Exception as error:  # every rank must still take part in the broadcast
+            failure, sent = error, [f"{type(error).__name__}: {error}"]
+    distributed.broadcast_object_list(sent, src=0)
+    if failure is not None:
+        raise failure
+    if not isinstance(sent[0], bool):
+        raise RuntimeError(f"Rank 0 could not tell whether the dataset has indexes: {sent[0]}")
+    return sent[0]
 
 
 class SplitDataLoader:
@@ -190,7 +213,8 @@ class SplitDataLoader:
                 f"got {window}"
             )
         table, stream_shards, counts = stream_tables(shards, groups)
-        indexed = self._has_indexes(shards)
+        indexed = self._has_indexes(shards, options.indexes, options.rank is None)
+        indexable = self.manifest.data_format == "msgpack.zstf" and seed is not None
         read_plan = plan.ReadPlan(
             streams=counts,
             weights=weights,
@@ -199,7 +223,7 @@ class SplitDataLoader:
             window=window if seed is not None else 0,
             equal_batches=options.equal_batches,
             identity=table.identity(),
-            blocks=_block_sizes(table, stream_shards) if indexed and seed is not None else None,
+            blocks=_block_sizes(table, stream_shards) if indexable else None,
             indexed=indexed,
             schedule=schedule,
         )
@@ -223,14 +247,29 @@ class SplitDataLoader:
         )
         return planned, args
 
-    def _has_indexes(self, shards: Sequence[ManifestShard]) -> bool:
+    def _has_indexes(
+        self, shards: Sequence[ManifestShard], forced: object, ranks_from_torch: bool
+    ) -> bool:
         """Whether the selection's shards have record offset indexes (msgpack.zstf shards
-        written by this package's saver do): decided once, from the first shard's. Shards of
-        one dataset come from one writer; one without an index is still read, from its
-        start."""
+        written by this package's saver do): ``forced`` (the ``indexes`` option) when given,
+        else whether the first shard's index exists, as rank 0 of an initialised
+        torch.distributed group finds when the ranks come from it (every rank then orders the
+        epoch alike). A shard without a usable index is still read, from its start."""
+        if forced is not None and not isinstance(forced, bool):
+            raise TypeError(f"indexes must be True, False or None, not {type(forced).__name__}")
         if self.manifest.data_format != "msgpack.zstf":
+            if forced:
+                raise ValueError(
+                    f"indexes=True: only msgpack.zstf shards have record offset indexes, and "
+                    f"this dataset is {self.manifest.data_format}"
+                )
             return False
-        return has_index(shards[0], self.storage_config)
+        if forced is not None:
+            return forced
+        config = self.storage_config
+        if not ranks_from_torch:
+            return has_index(shards[0], config)
+        return _rank_zero_answer(lambda: has_index(shards[0], config))
 
     def load(
         self,
@@ -252,6 +291,7 @@ class SplitDataLoader:
         max_length: int | None = None,
         truncate: bool = False,
         log_stats_every: float | None = None,
+        indexes: bool | None = None,
     ) -> Any:
         """A DataLoader over ``split`` (or one stage, or a union of stages kept in stage order
         without repeated shard URIs); with ``infinite_iter``, an endless iterator of batches.
@@ -294,6 +334,14 @@ class SplitDataLoader:
           log_stats_every: every this many seconds, log the loader's ``stats().summary()``
             (logger ``syvain_training_data.loading.stats``, INFO); the DataLoader's
             ``stats()`` returns the counters at any time.
+          indexes: whether the dataset has record offset indexes, which decides whether a
+            seeded order cuts msgpack.zstf shards into blocks (True) or reads whole shards as
+            blocks (False). Default None: whether the first shard's ``.index`` object exists,
+            as rank 0 of an initialised torch.distributed group finds (when the ranks come
+            from it), so every rank orders alike; an error other than "not found" is raised,
+            never taken for "no". A state remembers the answer, and resuming with the other
+            one is a ValueError saying so. What an index holds never changes the order; one
+            that does not name its shard's version is not used (SPEC section 6).
           stateful: kept for compatibility; every loader this returns has ``state_dict()`` /
             ``load_state_dict()`` (torchdata's protocol), resuming exactly on any number of
             ranks, workers and any batch size.
@@ -358,6 +406,7 @@ class SplitDataLoader:
         pack: bool = True,
         pad_id: int | None = None,
         truncate: str = "right",
+        indexes: bool | None = None,
     ) -> Any:
         """Packed token blocks: a DataLoader of int64 tensors of shape (batch_size, seq_len)
         (with ``infinite_iter``, an endless iterator of them). ``collate_fn`` is not used.

@@ -99,10 +99,14 @@ class TokenDataset(ShardDataset):
     def load_state_dict(self, state: Any) -> None:
         raise TypeError("A token dataset resumes through its loader's load_state_dict()")
 
-    def fingerprint(self) -> str:
+    def fingerprint(
+        self, read_plan: plan.ReadPlan | None = None, earlier_release: bool = False
+    ) -> str:
         """The selection's digest plus what decides the token stream (``seq_len`` and the batch
-        size may change between runs)."""
-        text = f"{self.read_plan.fingerprint()}:{STATE_KIND}:{self.column}:{self.eos_id}"
+        size may change between runs); of ``read_plan`` instead of this dataset's when given
+        (the plan's ``earlier_release`` digest: see :meth:`ReadPlan.fingerprint`)."""
+        selection = (read_plan or self.read_plan).fingerprint(earlier_release)
+        text = f"{selection}:{STATE_KIND}:{self.column}:{self.eos_id}"
         if self.rows is not None:  # a row per record: no state of packed blocks applies
             text += f":rows:{self.rows.truncate}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -407,8 +411,12 @@ class TokenDataLoader(EpochLoader[token_plan.TokenInterrupt]):
         by_weights = not ours and self._by_weights(state, selection)
         if not ours and not by_weights:
             raise ValueError(
-                "This loader state was saved for another selection, seed, shuffle, mixing, "
-                "token column or eos_id"
+                self.dataset.read_plan.refusal(
+                    selection,
+                    self.dataset.fingerprint,
+                    "This loader state was saved for another selection, seed, shuffle, mixing, "
+                    "token column or eos_id",
+                )
             )
         epoch = checks.epoch_of(state)
         records = sum(self.dataset.read_plan.totals())

@@ -56,7 +56,7 @@ from typing import Any, Final
 
 from syvain_training_data.errors import PublicationConflictError
 from syvain_training_data.formats import check_data_format
-from syvain_training_data.formats.shard_index import INDEX_SUFFIX, FrameOffsets
+from syvain_training_data.formats.shard_index import FrameOffsets
 from syvain_training_data.manifest import (
     DataManifest,
     DataManifestDataFormat,
@@ -75,7 +75,7 @@ from syvain_training_data.publish.layout import (
 )
 from syvain_training_data.publish.recovery import UNSET, ShardRecovery, Unset
 from syvain_training_data.publish.spool import Spool, encode_native, encode_parquet, limits
-from syvain_training_data.publish.upload import create_or_match, upload_spool
+from syvain_training_data.publish.upload import create_or_match, upload_spool, write_index
 from syvain_training_data.storage import StorageConfig, check_storage_config, get_object, put_object
 from syvain_training_data.uris import portable_etag
 
@@ -193,7 +193,7 @@ class DatasetSaver:
         frames = FrameOffsets() if self.data_format == "msgpack.zstf" else None
         try:
             count = self._encode(itertools.chain((first,), iterator), spool, shard_id, frames)
-            shard = self._upload(uri, spool, count, deterministic=shard_id is not None)
+            shard, etag = self._upload(uri, spool, count, deterministic=shard_id is not None)
             descriptor = descriptor_bytes(
                 shard=shard,
                 data_format=self.data_format,
@@ -205,8 +205,7 @@ class DatasetSaver:
         finally:
             spool.close()
         if frames is not None:  # before the descriptor: a completed shard has its index
-            index = frames.index(shard.size_bytes).to_bytes()
-            create_or_match(uri + INDEX_SUFFIX, index, self.storage_config, conflict="Shard index")
+            write_index(uri, frames, shard.size_bytes, etag, self.storage_config)
         if shard_id is not None:
             self._create_descriptor(uri + DESCRIPTOR_SUFFIX, descriptor)
         else:
@@ -249,13 +248,15 @@ class DatasetSaver:
 
     def _upload(
         self, uri: str, spool: Spool, records: int, *, deterministic: bool
-    ) -> ManifestShard:
+    ) -> tuple[ManifestShard, str]:
+        """The shard as the manifest describes it, and its etag as the store gave it."""
         size, etag = upload_spool(
             uri, spool, self.data_format, self.storage_config, create_only=deterministic
         )
-        return ManifestShard(
+        shard = ManifestShard(
             uri=uri, records=records, size_bytes=size, etag=portable_etag(uri, etag)
         )
+        return shard, etag
 
     def _create_descriptor(self, uri: str, data: bytes) -> None:
         create_or_match(uri, data, self.storage_config, conflict="Completion descriptor")

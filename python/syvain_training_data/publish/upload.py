@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Final
 
 from syvain_training_data.errors import ObjectDataError, PublicationConflictError, ShardDataError
+from syvain_training_data.formats import shard_index
 from syvain_training_data.formats.shard_index import INDEX_SUFFIX, FrameOffsets
 from syvain_training_data.manifest import DataManifestDataFormat, ManifestShard
 from syvain_training_data.publish.spool import Spool, limits
@@ -31,6 +32,7 @@ __all__ = [
     "create_or_match",
     "stream_sha256",
     "upload_spool",
+    "write_index",
 ]
 
 logger = logging.getLogger(__name__)
@@ -47,6 +49,21 @@ OBJECT_ATTRIBUTES: Final[dict[str, tuple[str, dict[str, str]]]] = {
         {"content-format": "msgpack.zstf", "compression": "zstd-framed"},
     ),
 }
+
+
+def write_index(
+    shard_uri: str, frames: FrameOffsets, size: int, etag: str, storage_config: StorageConfig
+) -> None:
+    """Writes the record offset index of the msgpack.zstf shard at ``shard_uri`` (``size``
+    bytes at version ``etag``, as its store gave it) beside it. An index is derived from the
+    shard and names its version, so one already there (an earlier release's, or one left by
+    a shard since rewritten) is replaced rather than kept or refused."""
+    put_object(
+        shard_uri + INDEX_SUFFIX,
+        frames.index(size, shard_index.version_tag(shard_uri, etag)).to_bytes(),
+        storage_config=storage_config,
+        content_type=shard_index.CONTENT_TYPE,
+    )
 
 
 def upload_spool(
@@ -202,10 +219,7 @@ def copy_shard(
             raise
         if data_format == "msgpack.zstf" and spool.path is not None:
             # The copy's own index, from the verified bytes (the source's is not trusted).
-            index = FrameOffsets.of_file(spool.path).index(size)
-            create_or_match(
-                destination_uri + INDEX_SUFFIX, index.to_bytes(), config, conflict="Shard index"
-            )
+            write_index(destination_uri, FrameOffsets.of_file(spool.path), size, etag, config)
     finally:
         spool.close()
     return ManifestShard(

@@ -11,8 +11,8 @@ mod counters;
 mod credentials;
 mod download;
 mod error;
-mod interleave;
 mod object_stream;
+mod order;
 mod policy;
 mod rows;
 mod slot_states;
@@ -35,7 +35,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     rows::register(m)?;
     upload::register(m)?;
     download::register(m)?;
-    interleave::register(m)?;
+    order::register(m)?;
     token_rows::register(m)?;
     Ok(())
 }

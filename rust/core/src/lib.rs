@@ -12,6 +12,7 @@ pub mod error;
 pub mod local_file;
 pub mod local_put;
 pub mod object_stores;
+pub mod order;
 pub mod policy;
 pub mod process_bound;
 pub mod runtime;
