@@ -132,3 +132,11 @@ def test_a_state_of_the_other_index_answer_is_refused_naming_the_option():
     assert list(whole.orders(0)[0].records(0, 17)) == list(
         dataclasses.replace(whole, blocks=None).orders(0)[0].records(0, 17)
     )
+
+
+def test_65_equal_shards_have_no_single_source_batch():
+    """64 blocks and a lone 65th read in order made 15 single-source batches of 32 an epoch."""
+    order = BlockOrder([500] * 65, [500] * 65, seed=0, epoch=0, number=0, window=64)
+    shards = [shard for shard, _ in order.records(0, order.total)]
+    batches = [shards[i : i + 32] for i in range(0, len(shards), 32)]
+    assert min(len(set(batch)) for batch in batches[:-1]) > 1
