@@ -1,11 +1,13 @@
 """The Parquet reader's row ranges (row groups before the range skipped undecoded, the count
-rules of a partial read), and what it refuses before reading: special files, too little
-temporary space; a killed reader leaves no temporary file."""
+rules of a partial read), reading an object in place (only the footer and the column chunks
+decoded are fetched), what it refuses before reading (special files); a killed reader leaves
+no temporary file."""
 
 from __future__ import annotations
 
 import io
 import os
+import random
 import sys
 import tempfile
 from pathlib import Path
@@ -19,7 +21,7 @@ from parquet_helpers import encode, local_shard, parquet_records
 from seaweed import config_for
 from shards import publish
 from syvain_training_data import ManifestShard
-from syvain_training_data.formats.parquet import iter_parquet_shard, reader
+from syvain_training_data.formats.parquet import iter_parquet_shard
 
 RANGE_ROWS = 1000
 
@@ -119,19 +121,45 @@ def test_a_fifo_or_device_is_refused_without_hanging(tmp_path):
         next(iter_parquet_shard(directory))
 
 
-def test_too_little_temporary_space_fails_at_once(seaweed, s3_bucket, unique_prefix, monkeypatch):
+def test_an_s3_shard_is_read_in_place_fetching_only_what_is_decoded(
+    seaweed, s3_bucket, unique_prefix, monkeypatch
+):
+    """No temporary file and no whole download: the footer, then the column chunks of the row
+    groups the range needs (and only the columns selected)."""
+    from syvain_training_data.formats.parquet import iter_parquet_batches, ranged_file
+
     config = config_for(seaweed)
-    data = encode(parquet_records(50))
-    shard = publish(f"s3://{s3_bucket}/{unique_prefix}/big.parquet", data, config, 50)
-    real = reader.shutil.disk_usage
-    monkeypatch.setattr(
-        reader.shutil, "disk_usage", lambda path: real(path)._replace(free=len(data) - 1)
+    rng = random.Random(0)
+    records = [{"id": i, "text": rng.randbytes(500).hex()} for i in range(RANGE_ROWS)]
+    sink = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(records), sink, row_group_size=GROUP_ROWS)
+    data = sink.getvalue()
+    shard = publish(f"s3://{s3_bucket}/{unique_prefix}/r.parquet", data, config, RANGE_ROWS)
+    opened: list[ranged_file.RangedFile] = []
+    real = ranged_file.RangedFile.__init__
+
+    def tracked(self: Any, *args: Any) -> None:
+        real(self, *args)
+        opened.append(self)
+
+    monkeypatch.setattr(ranged_file.RangedFile, "__init__", tracked)
+    monkeypatch.setattr(tempfile, "TemporaryFile", None)  # nothing may spool to disk
+    rows = list(iter_parquet_shard(shard, storage_config=config, start=905, stop=915))
+    assert rows == records[905:915]
+    metadata = pq.ParquetFile(io.BytesIO(data)).metadata
+    group = metadata.row_group(9)
+    group_bytes = sum(group.column(c).total_compressed_size for c in range(group.num_columns))
+    assert opened[-1].fetched <= group_bytes + 64 * 1024 + 8, (opened[-1].fetched, len(data))
+    assert opened[-1].fetched < len(data) / 4
+    batches = list(
+        iter_parquet_batches(shard, storage_config=config, columns=["id"], start=0, stop=RANGE_ROWS)
     )
-    with pytest.raises(OSError) as info:
-        next(iter_parquet_shard(shard, storage_config=config))
-    message = str(info.value)
-    assert shard.uri in message and f"({len(data)} bytes)" in message
-    assert tempfile.gettempdir() in message
+    assert [i for b in batches for i in b.column("id").to_pylist()] == list(range(RANGE_ROWS))
+    ids = sum(
+        metadata.row_group(g).column(0).total_compressed_size
+        for g in range(metadata.num_row_groups)
+    )
+    assert opened[-1].fetched <= ids + 64 * 1024 + 8, (opened[-1].fetched, ids, len(data))
 
 
 _KILLED_READER = """

@@ -3,6 +3,7 @@ order and its segmented token layout over random selections and topologies."""
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 import pytest
@@ -23,14 +24,30 @@ from token_runs import simulate_run, token_topology  # noqa: E402
 # --- the order -------------------------------------------------------------------------------
 
 
+def phase_draws(seed, epoch):
+    """The mixing phases in turn: unseeded, Python's documented-stable ``random()`` of the
+    name; seeded, SplitMix64 of the name's SHA-256 (written out here, not the library's)."""
+    if seed is None:
+        draw = random.Random(f"syvain-plan:None:{epoch}:mix")
+        while True:
+            yield draw.random()
+    state = block_order.plan_seed(seed, epoch, "mix")
+    mask = 2**64 - 1
+    while True:
+        state = (state + 0x9E3779B97F4A7C15) & mask
+        z = ((state ^ (state >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        yield ((z ^ (z >> 31)) >> 11) * 2.0**-53
+
+
 def merged_by_brute_force(lengths, entries, stop, seed, epoch):
     """The scheduled order built record by record: each segment sorts the keys of every
     stream's remaining records (phases drawn in turn from the mix generator)."""
-    draw = block_order.seeded(seed, epoch, "mix")
+    draw = phase_draws(seed, epoch)
     used = [0 for _ in lengths]
     order: list[int] = []
     for index, (start, weights) in enumerate(entries):
-        phases = [draw.random() for _ in lengths]
+        phases = [next(draw) for _ in lengths]
         shares = [w / sum(weights) for w in weights]
         rest = [n - u for n, u in zip(lengths, used, strict=True)]
         keys = sorted(

@@ -24,6 +24,13 @@ impl StreamCounters {
         }
     }
 
+    /// The counters entered on this thread (innermost), for a helper thread to enter too, so
+    /// the streams it opens for the same read count alike; None when none is entered.
+    #[staticmethod]
+    fn entered() -> Option<StreamCounters> {
+        counters::entered().map(|counters| StreamCounters { counters })
+    }
+
     fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
         counters::enter(slf.counters.clone());
         slf

@@ -17,10 +17,11 @@ Writer (:func:`write_parquet_shard`, :mod:`.writer`)
     version).
 
 Reader (:func:`iter_parquet_shard`, :func:`iter_parquet_batches`, :mod:`.reader`)
-    An s3:// object is streamed (size-checked, resumable, etag-pinned) into an unlinked
-    temporary file in ``TMPDIR`` (Parquet needs its footer before any row): it has no name, so
-    nothing is left behind however the reader ends, SIGKILL included, and a shard larger than
-    the free space there fails at once. A file:// shard is read in place, if it is a regular
+    An object in a store is read in place (:mod:`.ranged_file`): one HEAD (its size checked),
+    then one ranged GET per read pyarrow makes, the footer first, then the column chunks of
+    the row groups and columns it decodes, each resumable and pinned to one etag; nothing is
+    downloaded whole or written to disk, and row groups before ``start``, after ``stop`` or
+    columns not selected are not fetched. A file:// shard is read in place, if it is a regular
     file (a FIFO or device is an OSError, never a hang): its size is checked before the first
     row and its size and etag again after the last. Rows ``[start, stop)`` skip the row
     groups before ``start`` without decoding them. pyarrow then decodes batches of

@@ -1,6 +1,7 @@
-"""The Parquet shard reader: the shard's bytes as a local file, row groups before the range
-skipped, batches decoded ahead in a helper thread, rows built in Rust (the rules are in
-:mod:`syvain_training_data.formats.parquet`)."""
+"""The Parquet shard reader: the shard read in place (a local file, or ranged reads of the
+footer and of the column chunks decoded, :mod:`.ranged_file`), row groups before the range
+skipped unfetched, batches decoded ahead in a helper thread, rows built in Rust (the rules are
+in :mod:`syvain_training_data.formats.parquet`)."""
 
 from __future__ import annotations
 
@@ -8,20 +9,19 @@ import contextlib
 import errno
 import os
 import queue
-import shutil
 import stat
-import tempfile
 import threading
 from collections.abc import Generator, Iterator
 from typing import IO, Any, Final
 
 from syvain_training_data import _native, storage
-from syvain_training_data.errors import ObjectChangedError, ObjectDataError, ShardDataError
+from syvain_training_data.errors import ObjectChangedError, ShardDataError, StorageError
 from syvain_training_data.formats.parquet import bounds
 from syvain_training_data.formats.parquet.extra import pyarrow_modules
+from syvain_training_data.formats.parquet.ranged_file import RangedFile
 from syvain_training_data.manifest import ManifestShard
 from syvain_training_data.storage import StorageConfig
-from syvain_training_data.uris import FILE_PREFIX, file_path, portable_etag
+from syvain_training_data.uris import FILE_PREFIX, file_path
 
 __all__ = ["iter_parquet_batches", "iter_parquet_shard"]
 
@@ -56,8 +56,7 @@ def iter_parquet_shard(
             (chained to pyarrow's error), or the row count is wrong ("declared N records but
             yielded M", "declared N records but found more").
         OSError: a file:// shard that is not a regular file (a FIFO, a device, a directory),
-            naming it, before it is read; not enough free space in the temporary directory to
-            download an s3:// shard (ENOSPC, naming the shard, its size and the directory).
+            naming it, before it is read.
         FileNotFoundError, PermissionError, ObjectChangedError, StorageRetryExhaustedError:
             from the store, as :func:`syvain_training_data.storage.open_stream` raises them.
         ModuleNotFoundError: pyarrow is not installed (the ``parquet`` extra).
@@ -157,6 +156,10 @@ def _select(pa: Any, batch: Any, columns: list[str] | None) -> Any:
     return pa.RecordBatch.from_arrays(arrays, names=columns)
 
 
+# Raised by a ranged read of the object (through pyarrow, which passes them on unchanged).
+_STORE_ERRORS = (StorageError, FileNotFoundError, PermissionError)
+
+
 def _unreadable(uri: str, reason: object) -> ShardDataError:
     return ShardDataError.of("parquet", uri, reason)
 
@@ -186,12 +189,13 @@ def _check_local(
 
 @contextlib.contextmanager
 def _open_source(shard: ManifestShard, storage_config: StorageConfig | None) -> Iterator[IO[bytes]]:
-    """The shard's bytes as an open binary file: a file:// shard in place, an s3:// one
-    downloaded into an unlinked temporary file (nothing to remove, even after a SIGKILL)."""
+    """The shard's bytes as an open binary file, read in place: a file:// shard's file, or an
+    object store's object through ranged reads (nothing is downloaded whole or written)."""
+    file: IO[bytes]
     if shard.uri.startswith(FILE_PREFIX):
         file = _open_local(shard.uri)
     else:
-        file = _download(shard, storage_config)
+        file = RangedFile(shard, storage_config)  # type: ignore[assignment]
     with file:
         yield file
 
@@ -220,43 +224,6 @@ def _open_local(uri: str) -> IO[bytes]:
         raise
 
 
-def _download(shard: ManifestShard, storage_config: StorageConfig | None) -> IO[bytes]:
-    """Streams the shard into a new unlinked temporary file, returned rewound.
-
-    Raises OSError (ENOSPC) at once when the temporary directory has less free space than the
-    shard's size."""
-    directory = tempfile.gettempdir()
-    free = shutil.disk_usage(directory).free
-    if free < shard.size_bytes:
-        raise OSError(
-            errno.ENOSPC,
-            f"Not enough space to download parquet shard {shard.uri} ({shard.size_bytes} bytes) "
-            f"into {directory} ({free} bytes free): free space there or set TMPDIR",
-        )
-    # Unlinked from the start (closed by the caller): a killed reader leaves nothing behind.
-    file = tempfile.TemporaryFile(prefix="syvain-shard-", suffix=".parquet")  # noqa: SIM115
-    try:
-        try:
-            with storage.open_stream(
-                shard.uri,
-                size_bytes=shard.size_bytes,
-                etag=portable_etag(shard.uri, shard.etag) or None,
-                storage_config=storage_config,
-            ) as stream:
-                for chunk in stream:
-                    file.write(chunk)
-        except ObjectDataError as error:
-            # The stream's own data errors (size mismatch) are this shard's; store failures
-            # (retry budget, changed object, ...) keep their types.
-            raise _unreadable(shard.uri, error.reason) from error
-        file.flush()
-        file.seek(0)
-    except BaseException:
-        file.close()
-        raise
-    return file
-
-
 def _arrow_batches(
     pq: Any,
     source: Any,
@@ -278,7 +245,9 @@ def _arrow_batches(
         encoded = bounds.dictionary_columns(parquet)
         if encoded:  # opened again, its byte-array columns kept dictionary-encoded
             parquet.close()
-            parquet = pq.ParquetFile(source, read_dictionary=encoded)
+            parquet = pq.ParquetFile(source, metadata=parquet.metadata, read_dictionary=encoded)
+    except _STORE_ERRORS:  # the store's own failures keep their types
+        raise
     except Exception as error:
         raise _unreadable(uri, error) from error
 
@@ -306,12 +275,16 @@ def _arrow_batches(
             batches = _prefetch(
                 parquet.iter_batches(batch_size=rows, row_groups=groups, columns=columns)
             )
+        except _STORE_ERRORS:  # the store's own failures keep their types
+            raise
         except Exception as error:
             raise _unreadable(uri, error) from error
         with contextlib.closing(batches):
             while True:
                 try:
                     batch = next(batches, None)
+                except _STORE_ERRORS:  # the store's own failures keep their types
+                    raise
                 except Exception as error:
                     raise _unreadable(uri, error) from error
                 if batch is None:

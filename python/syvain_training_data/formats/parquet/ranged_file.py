@@ -1,0 +1,103 @@
+"""A Parquet shard in an object store read in place: a seekable file whose every read is one
+ranged GET of the bytes pyarrow asks for (the footer, then the column chunks of the row groups
+and columns it decodes), so no temporary file is written and the row groups before a range,
+or columns not selected, are never fetched.
+
+Each read holds the object to one version (If-Match on the manifest's etag, else on the etag a
+HEAD found when the file was opened) and is resumed by the store's stream after transient
+failures; the streams count where the read that opened the file counts (``stats()``), also
+when pyarrow reads from a helper thread.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from syvain_training_data import _native, storage
+from syvain_training_data.errors import ObjectDataError, ShardDataError
+from syvain_training_data.manifest import ManifestShard
+from syvain_training_data.storage import StorageConfig
+from syvain_training_data.uris import portable_etag
+
+__all__ = ["RangedFile"]
+
+
+class RangedFile(io.RawIOBase):
+    """The bytes of ``shard`` as a read-only seekable file of ``shard.size_bytes`` bytes."""
+
+    def __init__(self, shard: ManifestShard, storage_config: StorageConfig | None) -> None:
+        super().__init__()
+        self.shard = shard
+        self.storage_config = storage_config
+        self.size = shard.size_bytes
+        self.position = 0
+        self.fetched = 0
+        self.reads = 0
+        self._counters = _native.StreamCounters.entered()
+        etag = portable_etag(shard.uri, shard.etag)
+        info = storage.head_object(shard.uri, storage_config=storage_config)
+        if info.size != self.size:
+            raise ShardDataError.of(
+                "parquet",
+                shard.uri,
+                f"size mismatch: the object has {info.size} bytes but size_bytes is {self.size}",
+            )
+        self.etag = etag or info.etag or None
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self.position = base + offset
+        return self.position
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = self.size if size is None or size < 0 else min(self.size, self.position + size)
+        if end <= self.position:
+            return b""
+        data = self._fetch(self.position, end)
+        self.position = end
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def _fetch(self, start: int, end: int) -> bytes:
+        self.reads += 1
+        self.fetched += end - start
+        if self._counters is not None:
+            with self._counters:
+                return self._get(start, end)
+        return self._get(start, end)
+
+    def _get(self, start: int, end: int) -> bytes:
+        try:
+            with storage.open_stream(
+                self.shard.uri,
+                size_bytes=self.size,
+                etag=self.etag,
+                start=start,
+                end=end,
+                storage_config=self.storage_config,
+            ) as stream:
+                return b"".join(stream)
+        except ObjectDataError as error:
+            # The stream's own data errors (size) are this shard's; store failures (retry
+            # budget, changed object, ...) keep their types.
+            raise ShardDataError.of("parquet", self.shard.uri, error.reason) from error
