@@ -95,7 +95,7 @@ pub fn interleave<'py>(
     seed: u64,
 ) -> BindingResult<Bound<'py, PyBytes>> {
     let counts = checked_counts(&counts)?;
-    let bytes: Vec<[u8; 2]> = py.allow_threads(|| {
+    let bytes: Vec<[u8; 2]> = crate::exiting::without_gil(py, || {
         interleave_labels(&counts, seed)
             .into_iter()
             .map(u16::to_le_bytes)
