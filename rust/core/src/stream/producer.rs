@@ -432,3 +432,16 @@ fn same_etag(a: &str, b: &str) -> bool {
     let bare = |e: &str| e.trim_start_matches("W/").trim_matches('"').to_string();
     bare(a) == bare(b)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::same_etag;
+
+    #[test]
+    fn etags_match_quoted_or_weak_but_not_another() {
+        assert!(same_etag("\"abc\"", "abc"));
+        assert!(same_etag("W/\"abc\"", "\"abc\""));
+        assert!(!same_etag("\"abc\"", "\"abd\""));
+        assert!(!same_etag("\"abc-2\"", "\"abc\""));
+    }
+}
