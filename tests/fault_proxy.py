@@ -5,6 +5,10 @@
     ... point the client at proxy.endpoint ...
     proxy.stop()
 
+``proxy.ignore_range(seaweed)`` makes it drop the Range header of every request from then on
+(signed again with those credentials, proxy_resign.py), so the server answers 200 with the
+whole object; ``ranges_ignored`` counts them.
+
 Each client connection gets a thread and its own upstream connection. The proxy parses
 requests and responses (Content-Length, chunked and close-delimited bodies, interim 1xx
 responses, ``Expect: 100-continue``) so that keep-alive works and a fault hits the Nth
@@ -50,6 +54,7 @@ from proxy_http import (
     parse_head,
     wait_drained,
 )
+from proxy_resign import Credentials, without_range
 
 log = logging.getLogger("fault_proxy")
 
@@ -70,6 +75,8 @@ class FaultProxy:
         self._requests_seen = 0
         self._faults_applied = 0
         self._connections = 0
+        self._ignore_range: Credentials | None = None
+        self._ranges_ignored = 0
         self._stop = threading.Event()
         self._listener: socket.socket | None = None
         self._accept_thread: threading.Thread | None = None
@@ -97,6 +104,17 @@ class FaultProxy:
     def connections_accepted(self) -> int:
         with self._lock:
             return self._connections
+
+    @property
+    def ranges_ignored(self) -> int:
+        with self._lock:
+            return self._ranges_ignored
+
+    def ignore_range(self, credentials: Credentials) -> None:
+        """From now on, forwards every request without its Range header (signed again with
+        ``credentials``): the server answers 200 with the whole object."""
+        with self._lock:
+            self._ignore_range = credentials
 
     @property
     def pending_faults(self) -> int:
@@ -247,6 +265,7 @@ class FaultProxy:
                 expect = "100-continue" in head.tokens("expect")
                 request_framing = body_framing(head, is_request=True)
                 fault = self._take_fault(number, method, target)
+                raw = self._maybe_without_range(head, raw)
 
                 if fault is not None and fault.kind in ("status", "close_before_headers"):
                     if expect:
@@ -330,6 +349,14 @@ class FaultProxy:
                     upstream.close()
             with self._lock:
                 self._threads.discard(threading.current_thread())
+
+    def _maybe_without_range(self, head: Head, raw: bytes) -> bytes:
+        with self._lock:
+            credentials = self._ignore_range
+            if credentials is None or head.get("range") is None:
+                return raw
+            self._ranges_ignored += 1
+        return without_range(head, credentials)
 
     def _wait_for_request(self, client: socket.socket, upstream: socket.socket | None) -> bool:
         """Waits while the connection is idle. False to end it (stop, idle timeout, client

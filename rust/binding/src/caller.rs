@@ -13,7 +13,7 @@ impl Caller for PythonCaller<'_> {
     type Error = BindingError;
 
     fn blocking<T: Send, F: FnOnce() -> T + Send>(&self, work: F) -> T {
-        self.0.allow_threads(work)
+        crate::exiting::without_gil(self.0, work)
     }
 
     fn interrupted(&self) -> Result<(), BindingError> {
@@ -22,8 +22,12 @@ impl Caller for PythonCaller<'_> {
 }
 
 /// The core's warning sink: one WARNING line on the package's storage logger. Takes the GIL,
-/// so it also serves the decoder threads, which hold none.
+/// so it also serves the decoder threads, which hold none; skipped once the interpreter exits
+/// (taking the GIL then would end the thread mid-Rust).
 pub fn log_warning(message: &str) {
+    if crate::exiting::exiting() {
+        return;
+    }
     Python::with_gil(|py| {
         let logged = py
             .import("logging")

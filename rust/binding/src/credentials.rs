@@ -64,6 +64,13 @@ impl CredentialProvider for PyCredentialProvider {
         if let Some(credential) = self.cache.fresh() {
             return Ok(credential);
         }
+        // Python cannot be called once the interpreter exits (the thread would hang there).
+        if crate::exiting::exiting() {
+            return Err(credential_error(format!(
+                "credential provider {}: the interpreter is exiting",
+                self.name
+            )));
+        }
         let callable = self.callable.clone();
         let called = tokio::task::spawn_blocking(move || {
             Python::with_gil(|py| {

@@ -11,6 +11,7 @@ mod counters;
 mod credentials;
 mod download;
 mod error;
+mod exiting;
 mod object_stream;
 mod order;
 mod policy;
@@ -23,6 +24,7 @@ mod upload;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     syvain_core::warnings::set_sink(caller::log_warning);
+    exiting::register(m)?;
     m.add_class::<storage::NativeStorage>()?;
     m.add_class::<object_stream::ObjectStream>()?;
     m.add_class::<counters::StreamCounters>()?;

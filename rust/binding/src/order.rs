@@ -51,7 +51,7 @@ pub fn interleave<'py>(
     seed: u64,
 ) -> BindingResult<Bound<'py, PyBytes>> {
     let counts = checked_counts(&counts)?;
-    let bytes: Vec<[u8; 2]> = py.allow_threads(|| {
+    let bytes: Vec<[u8; 2]> = crate::exiting::without_gil(py, || {
         interleave_labels(&counts, seed)
             .into_iter()
             .map(u16::to_le_bytes)
@@ -74,7 +74,7 @@ fn checked_items(what: &str, count: u64) -> Result<u64, NativeError> {
 #[pyfunction]
 pub fn permutation(py: Python<'_>, count: u64, seed: u64) -> BindingResult<Bound<'_, PyBytes>> {
     let count = checked_items("permutation", count)?;
-    let bytes: Vec<[u8; 8]> = py.allow_threads(|| {
+    let bytes: Vec<[u8; 8]> = crate::exiting::without_gil(py, || {
         permute(count, seed)
             .into_iter()
             .map(u64::to_le_bytes)

@@ -54,6 +54,9 @@ pub fn classify_store_error(
             false => NativeError::Config(message),
         });
     }
+    if is_whole_object_answer(&error) {
+        return StoreFailure::Fatal(whole_object_answer(uri, ""));
+    }
     let detail = error_chain(&error);
     match error {
         // A multipart upload the store forgot: the whole write is retried (SPEC section 4).
@@ -88,6 +91,35 @@ pub fn classify_store_error(
             detail,
         }),
         _ => classify_generic(uri, detail),
+    }
+}
+
+/// What object_store 0.12 says when a ranged GET is answered with anything but 206 (a 2xx:
+/// other statuses fail earlier). Its error type (`GetResultError::NotPartial`) is private, so
+/// its message, matched whole, is the only way to tell.
+const NOT_PARTIAL: &str = "Received non-partial response when range requested";
+
+/// Whether a ranged GET was answered with 200 and (by HTTP's rules) the whole object.
+pub fn is_whole_object_answer(error: &object_store::Error) -> bool {
+    match error {
+        object_store::Error::Generic { store, source } => {
+            *store != "LocalFileSystem" && source.to_string() == NOT_PARTIAL
+        }
+        _ => false,
+    }
+}
+
+/// The error for a 200 to a ranged GET that cannot be read as the object: no retry changes
+/// the server's answer, and its bytes start at 0, not where the read is. `range` says which
+/// range was asked for ("" when not known).
+pub fn whole_object_answer(uri: &str, range: &str) -> NativeError {
+    NativeError::Storage {
+        uri: uri.to_string(),
+        detail: format!(
+            "the server answered a ranged GET{range} with 200 and the whole object \
+             (206 Partial Content expected; it ignores Range, so a read cannot resume \
+             mid-object)"
+        ),
     }
 }
 
@@ -190,6 +222,37 @@ mod tests {
             failure,
             StoreFailure::Fatal(NativeError::InvalidData { .. })
         ));
+    }
+
+    #[test]
+    fn a_200_to_a_ranged_get_fails_at_once_naming_the_answer() {
+        // The Display of object_store's private GetResultError::NotPartial, as it is boxed.
+        let error = object_store::Error::Generic {
+            store: "S3",
+            source: NOT_PARTIAL.into(),
+        };
+        assert!(is_whole_object_answer(&error));
+        match classify_store_error("s3://b/k", error, None) {
+            StoreFailure::Fatal(NativeError::Storage { uri, detail }) => {
+                assert_eq!(uri, "s3://b/k");
+                assert!(
+                    detail.contains("ranged GET with 200 and the whole object"),
+                    "{detail}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // Only that answer: another error that mentions it, or a local one, is not it.
+        for (store, text) in [
+            ("S3", format!("connection reset: {NOT_PARTIAL}")),
+            ("LocalFileSystem", NOT_PARTIAL.to_string()),
+        ] {
+            let error = object_store::Error::Generic {
+                store,
+                source: text.into(),
+            };
+            assert!(!is_whole_object_answer(&error), "{store}");
+        }
     }
 
     #[test]

@@ -147,7 +147,9 @@ pub fn shard_batches_from_bytes(
 #[pyo3(name = "_decode_only")]
 pub fn decode_only(py: Python<'_>, data_format: &str, data: &[u8]) -> BindingResult<u64> {
     let format = ShardFormat::parse(data_format)?;
-    Ok(py.allow_threads(|| count_records(format, data))?)
+    Ok(crate::exiting::without_gil(py, || {
+        count_records(format, data)
+    })?)
 }
 
 /// Registers the columnar classes on the extension module.

@@ -71,8 +71,9 @@ impl ShardReader {
         range: RecordRange,
     ) -> Result<ShardReader, NativeError> {
         // Without the GIL: a local shard's first record is decoded right here.
-        let decoder =
-            py.allow_threads(|| Decoder::start(format, &uri, source, size_bytes, range))?;
+        let decoder = crate::exiting::without_gil(py, || {
+            Decoder::start(format, &uri, source, size_bytes, range)
+        })?;
         Ok(ShardReader {
             format,
             uri,

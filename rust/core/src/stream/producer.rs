@@ -17,7 +17,9 @@ use super::{
     extent, permits_for, Shared, StoreFactory, StreamRequest, COALESCE_BYTES, FIRST_FILE_READ,
 };
 use crate::caller::retry_message;
-use crate::classify::{classify_store_error, first_line, StoreFailure};
+use crate::classify::{
+    classify_store_error, first_line, is_whole_object_answer, whole_object_answer, StoreFailure,
+};
 use crate::counters::{Counters, RetryCause};
 use crate::error::{NativeError, NativeResult};
 use crate::policy::Budget;
@@ -131,6 +133,8 @@ enum Attempt {
     /// The whole-response deadline passed after progress: reopen at once.
     Reopen,
     ConsumerGone,
+    /// A ranged GET from offset 0 was answered with 200: read the whole body instead.
+    WholeBody,
 }
 
 impl Producer {
@@ -139,19 +143,24 @@ impl Producer {
         let mut etag = self.request.etag.clone();
         let mut budget = Budget::new(self.request.policy);
         let mut store = None;
+        // A read of the whole object from 0 asks for no range: a server that ignores Range
+        // (answers 200 with the whole object, as HTTP allows) then serves it too.
+        let mut whole_body = self.request.end == self.request.size;
         loop {
             if offset >= self.request.end {
                 return;
             }
             let result = match store.clone() {
                 Some(store) => {
-                    self.attempt(store, &mut offset, &mut etag, &mut budget)
+                    let plain = whole_body && offset == 0;
+                    self.attempt(store, &mut offset, &mut etag, &mut budget, plain)
                         .await
                 }
                 None => match (self.factory)() {
                     Ok(fresh) => {
                         store = Some(fresh.clone());
-                        self.attempt(fresh, &mut offset, &mut etag, &mut budget)
+                        let plain = whole_body && offset == 0;
+                        self.attempt(fresh, &mut offset, &mut etag, &mut budget, plain)
                             .await
                     }
                     Err(error) => Err(StoreFailure::Fatal(error).into()),
@@ -160,6 +169,11 @@ impl Producer {
             let (failure, cause) = match result {
                 Ok(Attempt::Done) | Ok(Attempt::ConsumerGone) => return,
                 Ok(Attempt::Reopen) => continue,
+                // Once, at once: a plain GET cannot be answered this way again.
+                Ok(Attempt::WholeBody) => {
+                    whole_body = true;
+                    continue;
+                }
                 Err(AttemptFailure { failure, cause }) => (failure, cause),
             };
             match failure {
@@ -260,11 +274,14 @@ impl Producer {
         offset: &mut u64,
         etag: &mut Option<String>,
         budget: &mut Budget,
+        plain: bool,
     ) -> Result<Attempt, AttemptFailure> {
         let request = &self.request;
         let policy = &request.policy;
+        // Without a range the body is the whole object; a segment takes its prefix.
+        let prefix_only = plain && request.end < request.size;
         let options = GetOptions {
-            range: Some(GetRange::Bounded(*offset..request.end)),
+            range: (!plain).then_some(GetRange::Bounded(*offset..request.end)),
             if_match: etag.clone(),
             ..Default::default()
         };
@@ -280,8 +297,17 @@ impl Producer {
                 "timed out waiting for the response".into(),
             )
         })?;
-        let response =
-            opened.map_err(|e| AttemptFailure::classified(&request.uri, e, etag.as_deref()))?;
+        let response = match opened {
+            Ok(response) => response,
+            Err(e) if is_whole_object_answer(&e) => {
+                if *offset == 0 {
+                    return Ok(Attempt::WholeBody);
+                }
+                let asked = format!(" for bytes={}-{}", *offset, request.end - 1);
+                return Err(StoreFailure::Fatal(whole_object_answer(&request.uri, &asked)).into());
+            }
+            Err(e) => return Err(AttemptFailure::classified(&request.uri, e, etag.as_deref())),
+        };
         if response.meta.size != request.size {
             return Err(self
                 .data_error(format!(
@@ -290,8 +316,17 @@ impl Producer {
                 ))
                 .into());
         }
-        if etag.is_none() {
-            etag.clone_from(&response.meta.e_tag);
+        match (etag.as_deref(), response.meta.e_tag.as_deref()) {
+            // If-Match was sent; a server that ignored it too must not pass another object.
+            (Some(expected), Some(got)) if !same_etag(expected, got) => {
+                return Err(StoreFailure::Fatal(NativeError::Changed {
+                    uri: request.uri.clone(),
+                    etag: expected.to_string(),
+                })
+                .into());
+            }
+            (None, _) => etag.clone_from(&response.meta.e_tag),
+            _ => {}
         }
         // Neither a local file's piece nor a merged chunk grows past the readahead bound.
         let largest = COALESCE_BYTES.min(request.readahead);
@@ -339,7 +374,13 @@ impl Producer {
                 }
                 Some(Ok(chunk)) => chunk,
             };
-            if *offset + (held.len() + chunk.len()) as u64 > request.end {
+            let room = request.end - *offset - held.len() as u64;
+            let (chunk, last) = match chunk.len() as u64 {
+                // The whole object's body, of which the segment wants only a prefix.
+                n if prefix_only && n >= room => (chunk.slice(..room as usize), true),
+                _ => (chunk, false),
+            };
+            if chunk.len() as u64 > room {
                 let reason = if request.end == request.size {
                     format!("received more bytes than size_bytes ({})", request.size)
                 } else {
@@ -357,9 +398,15 @@ impl Producer {
                 if !self.hand_over_chunk(chunk, offset).await {
                     return Ok(Attempt::ConsumerGone);
                 }
+                if last {
+                    break;
+                }
                 continue;
             }
             held.extend_from_slice(&chunk);
+            if last {
+                break;
+            }
             if held.len() >= largest && !self.hand_over(&mut held, offset).await {
                 return Ok(Attempt::ConsumerGone);
             }
@@ -377,5 +424,24 @@ impl Producer {
             ));
         }
         Ok(Attempt::Done)
+    }
+}
+
+/// Etags compared as S3 gives them, quoted or not, weak or strong.
+fn same_etag(a: &str, b: &str) -> bool {
+    let bare = |e: &str| e.trim_start_matches("W/").trim_matches('"').to_string();
+    bare(a) == bare(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_etag;
+
+    #[test]
+    fn etags_match_quoted_or_weak_but_not_another() {
+        assert!(same_etag("\"abc\"", "abc"));
+        assert!(same_etag("W/\"abc\"", "\"abc\""));
+        assert!(!same_etag("\"abc\"", "\"abd\""));
+        assert!(!same_etag("\"abc-2\"", "\"abc\""));
     }
 }
