@@ -1,7 +1,7 @@
 """Interop with the seed implementation, the real thing: ``syvain-training-data==0.0.252``
 from the registry, installed in a separate venv, over SeaweedFS (the seed speaks S3 only).
 
-Shard index objects (``{shard_uri}.index.json``) are new objects next to shards, so: the seed
+Shard index objects (``{shard_uri}.index``) are new objects next to shards, so: the seed
 reads what we write and resumes our half-finished saver runs, and we read and resume its.
 The venv is cached in ``.cache/seed-venv`` (or ``SYVAIN_SEED_VENV``)."""
 
@@ -181,3 +181,22 @@ def _exists(uri: str, client: SyvainTrainingData) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+def test_the_seeds_dataset_gets_indexes_and_still_reads_in_the_seed(
+    seed_python, seaweed, s3_bucket
+):
+    """``syvain-data index`` gives a dataset the seed wrote (no indexes) the indexes ours
+    have; the seed still reads it, and our seeded loader orders it as an indexed dataset."""
+    from syvain_training_data.cli import main
+
+    client = ours(seaweed)
+    manifest_uri = f"s3://{s3_bucket}/seed-index-{uuid.uuid4().hex}/data-manifest.json"
+    run_seed(seed_python, seaweed, SEED_SAVE, manifest_uri, "msgpack.zstf", "0", "16", "commit")
+    shards = client.load_manifest(manifest_uri).splits["train"].shards
+    assert not any(_exists(s.uri + INDEX_SUFFIX, client) for s in shards)
+    assert main(["index", manifest_uri, "--no-progress"], environ=seaweed.env()) == 0
+    assert all(_exists(s.uri + INDEX_SUFFIX, client) for s in shards)
+    rows = run_seed(seed_python, seaweed, SEED_READ, manifest_uri)
+    assert sorted(map(tuple, rows)) == EVERY
+    assert seeded_keys(client, manifest_uri) == EVERY

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Final, Protocol
 
-from syvain_training_data.cli import bench, cp, demo, head, inspect, verify
+from syvain_training_data.cli import bench, cp, demo, head, index, inspect, verify
 
 if TYPE_CHECKING:
     from syvain_training_data.cli.context import Context
@@ -33,6 +33,7 @@ COMMANDS: Final[dict[str, _Command]] = {
     "verify": verify,
     "head": head,
     "cp": cp,
+    "index": index,
     "bench": bench,
     "demo": demo,
 }

@@ -49,6 +49,7 @@ __all__ = [
     "ShardIndex",
     "block_records",
     "index_every",
+    "index_uri",
     "version_tag",
 ]
 
@@ -73,6 +74,17 @@ BLOCK_BYTES: Final = 4 * 1024 * 1024
 MAX_SHARD_BLOCKS: Final = 1 << 16
 # Offsets a writer holds while encoding (8 bytes each); beyond, it keeps every other one.
 MAX_KEPT: Final = 1 << 20
+
+
+def index_uri(shard_uri: str, index_root: str | None = None) -> str:
+    """Where the index of the shard at ``shard_uri`` is: beside it (``{shard_uri}.index``), or
+    under ``index_root`` (a prefix the reader names, for shards in a bucket it cannot write),
+    at ``{index_root}/{scheme}/{bucket}/{key}.index`` (``{index_root}/file/{path}.index`` for a
+    ``file://`` shard)."""
+    if index_root is None:
+        return shard_uri + INDEX_SUFFIX
+    scheme, rest = shard_uri.split("://", 1)
+    return f"{index_root.rstrip('/')}/{scheme}/{rest.lstrip('/')}{INDEX_SUFFIX}"
 
 
 def version_tag(uri: str, etag: str) -> bytes:

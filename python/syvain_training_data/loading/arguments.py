@@ -48,6 +48,7 @@ class LoadOptions:
     infinite_iter: bool = False
     log_stats_every: float | None = None
     indexes: bool | None = None
+    index_root: str | None = None
 
     @classmethod
     def of(cls, arguments: Mapping[str, Any]) -> LoadOptions:

@@ -81,6 +81,7 @@ class DatasetPlan:
     storage_config: StorageConfig
     rank: int
     world_size: int
+    index_root: str | None = None
 
 
 class ShardDataset(IterableDataset[Any]):
@@ -98,6 +99,7 @@ class ShardDataset(IterableDataset[Any]):
         self.read_plan = planned.read_plan
         self.stream_shards = planned.stream_shards
         self.storage_config = planned.storage_config
+        self.index_root = planned.index_root
         self.rank = planned.rank
         self.world_size = planned.world_size
         self.batch_size = batch_size
@@ -202,7 +204,9 @@ class ShardDataset(IterableDataset[Any]):
     def new_indexes(self) -> ShardIndexes | None:
         """A pass's cache of shard indexes (made in the process that reads), when the
         selection's shards have them."""
-        return ShardIndexes(self.storage_config) if self.read_plan.indexed else None
+        if not self.read_plan.indexed:
+            return None
+        return ShardIndexes(self.storage_config, self.index_root)
 
     def range_segment(
         self, shard: ManifestShard, start: int, stop: int, indexes: ShardIndexes | None

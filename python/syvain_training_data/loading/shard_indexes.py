@@ -26,11 +26,11 @@ from syvain_training_data.errors import StorageError, StorageRetryExhaustedError
 from syvain_training_data.formats.shard_index import (
     EARLIER_MAGIC,
     HEADER,
-    INDEX_SUFFIX,
     FrameOffsets,
     IndexLayout,
     Segment,
     ShardIndex,
+    index_uri,
     version_tag,
 )
 from syvain_training_data.loading.learned_offsets import LearnedOffsets
@@ -59,12 +59,15 @@ def _read(
         return b"".join(stream)
 
 
-def has_index(shard: ManifestShard, storage_config: StorageConfig | None) -> bool:
-    """Whether ``shard`` has an index object beside it (one HEAD; its content plays no part).
+def has_index(
+    shard: ManifestShard, storage_config: StorageConfig | None, index_root: str | None = None
+) -> bool:
+    """Whether ``shard`` has an index object (beside it, or under ``index_root``; one HEAD; its
+    content plays no part).
 
     Raises the store's error, naming the index, for anything but a definite "not found": a
     rank that cannot tell must not guess, or ranks would order the epoch differently."""
-    uri = shard.uri + INDEX_SUFFIX
+    uri = index_uri(shard.uri, index_root)
     try:
         head_object(uri, storage_config=storage_config)
     except FileNotFoundError:
@@ -89,8 +92,9 @@ class ShardIndexes:
     the index is known to name its shard. Thread-safe: a window's range reads start in
     threads of their own."""
 
-    def __init__(self, storage_config: StorageConfig | None) -> None:
+    def __init__(self, storage_config: StorageConfig | None, index_root: str | None = None) -> None:
         self.storage_config = storage_config
+        self.index_root = index_root
         self._usable: OrderedDict[str, bool] = OrderedDict()
         self._checking: dict[str, threading.Lock] = {}
         self._learned_offsets: OrderedDict[str, LearnedOffsets] = OrderedDict()
@@ -103,7 +107,7 @@ class ShardIndexes:
         the shard from its start."""
         if not self._names_its_shard(shard):
             return self._learned(shard).segment(start, stop)
-        uri = shard.uri + INDEX_SUFFIX
+        uri = index_uri(shard.uri, self.index_root)
         layout = IndexLayout(shard.records, shard.size_bytes)
         first, end = layout.entries_for(start, stop)
         try:
@@ -144,7 +148,7 @@ class ShardIndexes:
         return known
 
     def _check(self, shard: ManifestShard) -> bool:
-        uri = shard.uri + INDEX_SUFFIX
+        uri = index_uri(shard.uri, self.index_root)
         layout = IndexLayout(shard.records, shard.size_bytes)
         try:
             header = _read(uri, layout, 0, HEADER.size, self.storage_config)
@@ -187,14 +191,16 @@ class ShardIndexes:
                 self._usable.popitem(last=False)
 
 
-def index_problem(shard: ManifestShard, storage_config: StorageConfig | None) -> str | None:
+def index_problem(
+    shard: ManifestShard, storage_config: StorageConfig | None, index_root: str | None = None
+) -> str | None:
     """What is wrong with ``shard``'s index (``syvain-data verify --deep``): read whole and
     checked entry by entry against the frames of the shard, streamed once more; None when it
     is right, or when there is none or an earlier release's, which loaders do not use.
 
     A loader trusts an index that names its shard's version (nothing pins its entries), so
     this is the check that an index's entries are the offsets of their records."""
-    uri = shard.uri + INDEX_SUFFIX
+    uri = index_uri(shard.uri, index_root)
     try:
         data = get_object(uri, storage_config=storage_config)
     except FileNotFoundError:

@@ -56,6 +56,20 @@ def _block_sizes(
     )
 
 
+def _checked_index_root(index_root: object) -> str | None:
+    """``index_root`` (where ``syvain-data index --to`` wrote the indexes), checked."""
+    if index_root is None:
+        return None
+    if not isinstance(index_root, str):
+        raise TypeError(f"index_root must be a URI str, not {type(index_root).__name__}")
+    scheme = index_root.split("://", 1)[0] if "://" in index_root else ""
+    if scheme not in ("s3", "file", "gs"):
+        raise ValueError(
+            f"index_root must be an s3://, gs:// or file:// prefix, got {index_root!r}"
+        )
+    return index_root
+
+
 def _rank_zero_answer(question: Callable[[], bool]) -> bool:
     """``question()`` as rank 0 of an initialised torch.distributed group answers it (sent to
     every rank; an error there is raised on every rank), else as this process does."""
@@ -213,7 +227,8 @@ class SplitDataLoader:
                 f"got {window}"
             )
         table, stream_shards, counts = stream_tables(shards, groups)
-        indexed = self._has_indexes(shards, options.indexes, options.rank is None)
+        index_root = _checked_index_root(options.index_root)
+        indexed = self._has_indexes(shards, options.indexes, options.rank is None, index_root)
         indexable = self.manifest.data_format == "msgpack.zstf" and seed is not None
         read_plan = plan.ReadPlan(
             streams=counts,
@@ -244,11 +259,16 @@ class SplitDataLoader:
             storage_config=self.storage_config,
             rank=rank,
             world_size=world_size,
+            index_root=index_root,
         )
         return planned, args
 
     def _has_indexes(
-        self, shards: Sequence[ManifestShard], forced: object, ranks_from_torch: bool
+        self,
+        shards: Sequence[ManifestShard],
+        forced: object,
+        ranks_from_torch: bool,
+        index_root: str | None,
     ) -> bool:
         """Whether the selection's shards have record offset indexes (msgpack.zstf shards
         written by this package's saver do): ``forced`` (the ``indexes`` option) when given,
@@ -268,8 +288,8 @@ class SplitDataLoader:
             return forced
         config = self.storage_config
         if not ranks_from_torch:
-            return has_index(shards[0], config)
-        return _rank_zero_answer(lambda: has_index(shards[0], config))
+            return has_index(shards[0], config, index_root)
+        return _rank_zero_answer(lambda: has_index(shards[0], config, index_root))
 
     def load(
         self,
@@ -292,6 +312,7 @@ class SplitDataLoader:
         truncate: bool = False,
         log_stats_every: float | None = None,
         indexes: bool | None = None,
+        index_root: str | None = None,
     ) -> Any:
         """A DataLoader over ``split`` (or one stage, or a union of stages kept in stage order
         without repeated shard URIs); with ``infinite_iter``, an endless iterator of batches.
@@ -342,6 +363,9 @@ class SplitDataLoader:
             never taken for "no". A state remembers the answer, and resuming with the other
             one is a ValueError saying so. What an index holds never changes the order; one
             that does not name its shard's version is not used (SPEC section 6).
+          index_root: where the indexes are when not beside the shards: the prefix
+            ``syvain-data index --to`` wrote them under (for shards in a bucket you cannot
+            write); default None, beside each shard.
           stateful: kept for compatibility; every loader this returns has ``state_dict()`` /
             ``load_state_dict()`` (torchdata's protocol), resuming exactly on any number of
             ranks, workers and any batch size.
@@ -407,6 +431,7 @@ class SplitDataLoader:
         pad_id: int | None = None,
         truncate: str = "right",
         indexes: bool | None = None,
+        index_root: str | None = None,
     ) -> Any:
         """Packed token blocks: a DataLoader of int64 tensors of shape (batch_size, seq_len)
         (with ``infinite_iter``, an endless iterator of them). ``collate_fn`` is not used.

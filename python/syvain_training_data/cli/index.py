@@ -1,0 +1,84 @@
+"""``syvain-data index``: record offset indexes for the msgpack.zstf shards of a dataset that
+lack one (``publish.indexing``)."""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Final
+
+from syvain_training_data.cli.arguments import add_manifest, add_shard_options
+from syvain_training_data.cli.context import Context, check_schemes, to_uri
+from syvain_training_data.cli.errors import CommandFailed, describe
+from syvain_training_data.cli.output import ShardProgress, emit, plural
+from syvain_training_data.cli.shards import unique_shards
+from syvain_training_data.manifest import ManifestShard
+from syvain_training_data.publish.indexing import index_shard
+
+HELP: Final = "write the missing record offset indexes of a msgpack.zstf dataset"
+DESCRIPTION: Final = (
+    "Write a record offset index for every msgpack.zstf shard of a manifest that has none "
+    "naming its current version (datasets other writers made have none), from one streaming "
+    "pass over each shard checked against the manifest's size, etag and record count. With "
+    "--to, the indexes go under another prefix (for shards in a bucket you cannot write); "
+    "pass the same prefix to load(index_root=...). An index already right is kept, so a "
+    "re-run after an interruption does only what is left. Problems are printed one a line; "
+    "the exit status is 1 if there is any."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_manifest(parser)
+    parser.add_argument(
+        "--to",
+        metavar="PREFIX",
+        help="write the indexes under PREFIX instead of beside the shards",
+    )
+    add_shard_options(parser, jobs=4)
+
+
+def run(ctx: Context) -> None:
+    uri = to_uri(ctx.args.manifest)
+    manifest = ctx.client.load_manifest(uri)
+    if manifest.data_format != "msgpack.zstf":
+        emit(
+            ctx.stdout,
+            f"FAILED: only msgpack.zstf shards have record offset indexes; {uri} is "
+            f"{manifest.data_format}",
+        )
+        raise CommandFailed
+    shards = unique_shards(manifest)
+    check_schemes(ctx, uri, shards)
+    root = None if ctx.args.to is None else to_uri(ctx.args.to)
+    progress = ShardProgress.of_shards(ctx.stderr, "index", shards, enabled=ctx.args.progress)
+
+    def one(shard: ManifestShard) -> str:
+        try:
+            outcome = index_shard(
+                shard,
+                ctx.client.storage_config,
+                index_root=root,
+                on_bytes=lambda n: progress.add(bytes_=n),
+            )
+        except (RuntimeError, OSError) as error:
+            return f"problem: {describe(error).split(': ', 1)[1]}"
+        finally:
+            progress.add(records=shard.records, shards=1)
+        return outcome
+
+    with ThreadPoolExecutor(max_workers=ctx.args.jobs) as pool:
+        outcomes = list(pool.map(one, shards))
+    progress.finish()
+    problems = [outcome for outcome in outcomes if outcome.startswith("problem: ")]
+    for problem in problems:
+        emit(ctx.stdout, problem)
+    done = Counter(outcomes)
+    summary = (
+        f"{plural(len(shards), 'shard')}: {done['written']} indexed, {done['replaced']} "
+        f"replaced (stale), {done['kept']} already indexed"
+    )
+    if problems:
+        emit(ctx.stdout, f"FAILED: {plural(len(problems), 'problem')}; {summary}")
+        raise CommandFailed
+    emit(ctx.stdout, f"OK: {summary}")

@@ -1,0 +1,111 @@
+"""Record offset indexes for msgpack.zstf shards that lack one (``syvain-data index``): a
+dataset another writer made (the seed package writes none), or one whose indexes went stale,
+gets an index per shard from one streaming pass over the shard, checked against the manifest's
+size, etag and record count, so that it mixes and fetches like a dataset this package's saver
+wrote (SPEC section 6, indexes).
+
+An index that already names the shard's current version is kept (a re-run after an
+interruption skips the shards it finished); a missing one is created create-only; one that
+names another version (stale, or an earlier release's) is replaced.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from typing import Literal
+
+from syvain_training_data.errors import ObjectDataError, ShardDataError
+from syvain_training_data.formats import shard_index
+from syvain_training_data.formats.shard_index import HEADER, FrameOffsets, IndexLayout, index_uri
+from syvain_training_data.manifest import ManifestShard
+from syvain_training_data.object_check import check_head
+from syvain_training_data.storage import StorageConfig, open_stream, put_object
+
+__all__ = ["IndexOutcome", "index_shard"]
+
+log = logging.getLogger(__name__)
+
+IndexOutcome = Literal["written", "kept", "replaced"]
+
+
+def index_shard(
+    shard: ManifestShard,
+    storage_config: StorageConfig,
+    *,
+    index_root: str | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+) -> IndexOutcome:
+    """Makes sure ``shard`` (msgpack.zstf) has an index naming its current version, beside it
+    or under ``index_root``; returns what was done. ``on_bytes`` is called with the size of
+    every chunk of the shard streamed.
+
+    Raises:
+        ShardDataError: the shard's size or etag is not the manifest's, or its bytes are not
+            ``shard.records`` msgpack.zstf frames (the message names the shard).
+        FileNotFoundError, PermissionError, StorageError: from the store.
+    """
+    head = check_head(shard.uri, storage_config, size=shard.size_bytes, etag=shard.etag)
+    if head.mismatch is not None:
+        found, expected = head.mismatch.found, head.mismatch.expected
+        raise ShardDataError.of(
+            "msgpack.zstf",
+            shard.uri,
+            f"{head.mismatch.field} mismatch: {found!r} in the store, {expected!r} in the manifest",
+        )
+    version = shard_index.version_tag(shard.uri, head.info.etag)
+    target = index_uri(shard.uri, index_root)
+    layout = IndexLayout(shard.records, shard.size_bytes)
+    present = _header(target, layout, storage_config)
+    if present is not None and layout.header_problem(present, version) is None:
+        return "kept"
+    with open_stream(
+        shard.uri,
+        size_bytes=shard.size_bytes,
+        etag=head.info.etag or None,
+        storage_config=storage_config,
+    ) as stream:
+        try:
+            frames = FrameOffsets.of_chunks(_counted(stream, on_bytes))
+        except ValueError as error:
+            raise ShardDataError.of("msgpack.zstf", shard.uri, str(error)) from error
+    if frames.records != shard.records:
+        found = f"declared {shard.records} records but found {frames.records}"
+        raise ShardDataError.of("msgpack.zstf", shard.uri, found)
+    data = frames.index(shard.size_bytes, version).to_bytes()
+    if present is None:
+        try:
+            put_object(
+                target,
+                data,
+                storage_config=storage_config,
+                content_type=shard_index.CONTENT_TYPE,
+                create_only=True,
+            )
+            return "written"
+        except FileExistsError:  # written meanwhile: replaced below unless it is this one
+            pass
+    log.info("Replacing the shard index %s: it does not name the shard's current version", target)
+    put_object(target, data, storage_config=storage_config, content_type=shard_index.CONTENT_TYPE)
+    return "replaced"
+
+
+def _header(uri: str, layout: IndexLayout, config: StorageConfig) -> bytes | None:
+    """The first bytes of the index object at ``uri`` (None: there is none); an object of
+    another size is read as an empty header, one that names nothing."""
+    try:
+        with open_stream(
+            uri, size_bytes=layout.object_size, end=HEADER.size, storage_config=config
+        ) as stream:
+            return b"".join(stream)
+    except FileNotFoundError:
+        return None
+    except ObjectDataError:  # another size: no index of this shard
+        return b"\0" * HEADER.size
+
+
+def _counted(chunks: Iterable[bytes], on_bytes: Callable[[int], None] | None) -> Iterator[bytes]:
+    for chunk in chunks:
+        if on_bytes is not None:
+            on_bytes(len(chunk))
+        yield chunk
