@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any, Protocol
 
-from syvain_training_data.formats import check_data_format
+from syvain_training_data.formats import FORMATS, shard_format
 from syvain_training_data.formats.shard_index import Segment, ShardIndex
 from syvain_training_data.manifest import DataManifestDataFormat, ManifestShard
 from syvain_training_data.storage import StorageConfig, open_shard, open_shard_batches
@@ -75,8 +75,7 @@ def iter_shard(
     PermissionError, ObjectChangedError and StorageRetryExhaustedError from the store;
     ValueError for an unknown format or an invalid range.
     """
-    check_data_format(data_format)
-    if data_format == "parquet":
+    if shard_format(data_format).codec == "arrow":
         from syvain_training_data.formats.parquet import iter_parquet_shard
 
         yield from iter_parquet_shard(shard, storage_config=storage_config, start=start, stop=stop)
@@ -101,7 +100,7 @@ def _segment(
     end = shard.records if stop is None else stop
     if (
         index is None
-        or data_format != "msgpack.zstf"
+        or not FORMATS[data_format].record_index
         or not (type(start) is int and type(end) is int and 0 <= start < end <= shard.records)
     ):
         return None
@@ -181,13 +180,13 @@ def iter_shard_batches(
     Like `iter_shard`, nothing is opened before the first batch is asked for, and ``close()``
     stops the stream of a shard not read to its end.
     """
-    check_data_format(data_format)
+    codec = shard_format(data_format).codec
     if type(batch_size) is not int or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
     if isinstance(columns, str):
         raise TypeError("columns must be a sequence of column names, not a str")
     selected = None if columns is None else list(columns)
-    if data_format == "parquet":
+    if codec == "arrow":
         from syvain_training_data.formats.parquet import iter_parquet_batches
 
         yield from iter_parquet_batches(

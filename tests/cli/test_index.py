@@ -84,7 +84,7 @@ def test_index_refuses_other_formats_and_reports_a_shard_that_lies(store):
     jsonl = publish(store, "json", data_format="jsonl.gz")
     result = run("index", jsonl, "--no-progress", env=store.env)
     assert result.code == 1
-    assert "only msgpack.zstf shards have record offset indexes" in result.out
+    assert "jsonl.gz shards have no record offset indexes (only msgpack.zstf do)" in result.out
     manifest_uri = publish(store)
     shard = shards_of(store, manifest_uri)[0]
     delete_object(index_uri(shard.uri), storage_config=store.config)

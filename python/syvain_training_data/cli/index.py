@@ -13,6 +13,7 @@ from syvain_training_data.cli.context import Context, check_schemes, to_uri
 from syvain_training_data.cli.errors import CommandFailed, describe
 from syvain_training_data.cli.output import ShardProgress, emit, plural
 from syvain_training_data.cli.shards import unique_shards
+from syvain_training_data.formats.registry import FORMATS
 from syvain_training_data.manifest import ManifestShard
 from syvain_training_data.publish.indexing import index_shard
 
@@ -41,10 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(ctx: Context) -> None:
     uri = to_uri(ctx.args.manifest)
     manifest = ctx.client.load_manifest(uri)
-    if manifest.data_format != "msgpack.zstf":
+    if not FORMATS[manifest.data_format].record_index:
         emit(
             ctx.stdout,
-            f"FAILED: only msgpack.zstf shards have record offset indexes; {uri} is "
+            f"FAILED: {manifest.data_format} shards have no record offset indexes (only "
+            f"{', '.join(n for n, kind in FORMATS.items() if kind.record_index)} do); {uri} is "
             f"{manifest.data_format}",
         )
         raise CommandFailed

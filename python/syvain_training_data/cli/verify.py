@@ -11,6 +11,7 @@ from syvain_training_data.cli.context import Context, check_schemes, to_uri
 from syvain_training_data.cli.errors import CommandFailed, describe
 from syvain_training_data.cli.output import ShardProgress, emit, plural
 from syvain_training_data.cli.shards import unique_shards
+from syvain_training_data.formats.registry import FORMATS
 from syvain_training_data.loading.shard_indexes import index_problem
 from syvain_training_data.manifest import DataManifest, DataManifestDataFormat, ManifestShard
 from syvain_training_data.object_check import check_head
@@ -76,7 +77,7 @@ def deep_problem(
     what is wrong with its record offset index (msgpack.zstf), each entry checked."""
     try:
         count_records(ctx, data_format, shard, progress)
-        if data_format == "msgpack.zstf":
+        if FORMATS[data_format].record_index:
             return index_problem(shard, ctx.client.storage_config)
     except (RuntimeError, OSError) as error:
         message = describe(error).split(": ", 1)[1]

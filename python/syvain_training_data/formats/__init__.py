@@ -1,5 +1,5 @@
-"""The Python side of the shard formats, one module per format, and the one check of a
-format name.
+"""The Python side of the shard formats: one descriptor per format (:mod:`.registry`), one
+module per codec that is not native, and the one check of a format name.
 
 msgpack.zstf and jsonl.gz are encoded and decoded in Rust (``syvain_training_data._native``);
 :mod:`syvain_training_data.formats.parquet` goes through pyarrow (the ``parquet`` extra). Nothing
@@ -8,15 +8,11 @@ here imports an optional dependency until a format module is used.
 
 from __future__ import annotations
 
-from syvain_training_data.manifest import DATA_FORMATS
+from syvain_training_data.formats.registry import (
+    FORMATS,
+    ShardFormat,
+    check_data_format,
+    shard_format,
+)
 
-__all__ = ["check_data_format"]
-
-
-def check_data_format(data_format: object) -> None:
-    """ValueError unless ``data_format`` is one of the manifest's data formats (SPEC section 2),
-    naming them."""
-    if data_format not in DATA_FORMATS:
-        raise ValueError(
-            f"Unknown data format {data_format!r}; expected one of {', '.join(DATA_FORMATS)}"
-        )
+__all__ = ["FORMATS", "ShardFormat", "check_data_format", "shard_format"]

@@ -14,6 +14,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from syvain_training_data.formats.registry import FORMATS
 from syvain_training_data.formats.shard_index import Segment
 from syvain_training_data.loading import plan, record_plan
 from syvain_training_data.loading import state as checks
@@ -255,7 +256,7 @@ class ShardDataset(IterableDataset[Any]):
     def _open(self, shard_range: ShardRange, indexes: ShardIndexes | None) -> Iterator[Any]:
         table_index, start, stop = shard_range
         shard = self.table.shard(table_index)
-        if self.data_format == "parquet":
+        if FORMATS[self.data_format].codec == "arrow":
             yield from iter_shard(
                 self.data_format, shard, storage_config=self.storage_config, start=start, stop=stop
             )

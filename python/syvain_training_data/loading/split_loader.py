@@ -20,6 +20,7 @@ except ModuleNotFoundError as error:  # pragma: no cover - exercised without the
 
 from torch.utils.data import DataLoader
 
+from syvain_training_data.formats.registry import FORMATS
 from syvain_training_data.formats.shard_index import block_records
 from syvain_training_data.loading import arguments, mixing, plan
 from syvain_training_data.loading import schedule as schedules
@@ -229,7 +230,7 @@ class SplitDataLoader:
         table, stream_shards, counts = stream_tables(shards, groups)
         index_root = _checked_index_root(options.index_root)
         indexed = self._has_indexes(shards, options.indexes, options.rank is None, index_root)
-        indexable = self.manifest.data_format == "msgpack.zstf" and seed is not None
+        indexable = FORMATS[self.manifest.data_format].record_index and seed is not None
         read_plan = plan.ReadPlan(
             streams=counts,
             weights=weights,
@@ -277,11 +278,11 @@ class SplitDataLoader:
         epoch alike). A shard without a usable index is still read, from its start."""
         if forced is not None and not isinstance(forced, bool):
             raise TypeError(f"indexes must be True, False or None, not {type(forced).__name__}")
-        if self.manifest.data_format != "msgpack.zstf":
+        if not FORMATS[self.manifest.data_format].record_index:
             if forced:
                 raise ValueError(
-                    f"indexes=True: only msgpack.zstf shards have record offset indexes, and "
-                    f"this dataset is {self.manifest.data_format}"
+                    f"indexes=True: {self.manifest.data_format} shards have no record offset "
+                    "indexes"
                 )
             return False
         if forced is not None:

@@ -25,6 +25,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Final
 
+from syvain_training_data.formats.registry import FORMATS
 from syvain_training_data.uris import file_path, s3_bucket_key, scheme_of
 
 __all__ = ["DESCRIPTOR_SUFFIX", "SESSION_RECORD_SUFFIX", "SUFFIXES", "Layout", "encode_segment"]
@@ -32,11 +33,7 @@ __all__ = ["DESCRIPTOR_SUFFIX", "SESSION_RECORD_SUFFIX", "SUFFIXES", "Layout", "
 DESCRIPTOR_SUFFIX: Final = ".metadata.json"
 SESSION_RECORD_SUFFIX: Final = ".saved.json"
 SESSIONS_SEGMENT: Final = "saver-sessions"
-SUFFIXES: Final[dict[str, str]] = {
-    "jsonl.gz": ".jsonl.gz",
-    "parquet": ".parquet",
-    "msgpack.zstf": ".msgpack.zstf",
-}
+SUFFIXES: Final[dict[str, str]] = {name: kind.suffix for name, kind in FORMATS.items()}
 _SAFE_CHARS: Final = frozenset(string.ascii_letters + string.digits + "-_.=+")
 
 

@@ -52,10 +52,10 @@ import json
 import threading
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 from syvain_training_data.errors import PublicationConflictError
-from syvain_training_data.formats import check_data_format
+from syvain_training_data.formats import FORMATS, ShardFormat, check_data_format
 from syvain_training_data.formats.shard_index import FrameOffsets
 from syvain_training_data.manifest import (
     DataManifest,
@@ -82,7 +82,6 @@ from syvain_training_data.uris import portable_etag
 __all__ = ["DatasetSaver"]
 
 # Formats whose deterministic shards must fit one create-only PUT (SPEC section 5).
-SINGLE_PUT_FORMATS: Final = ("parquet", "msgpack.zstf")
 
 
 def _format_bytes(size: int) -> str:
@@ -137,6 +136,11 @@ class DatasetSaver:
         self.__dict__.update(state)
         self._lock = threading.RLock()
 
+    @property
+    def shard_format(self) -> ShardFormat:
+        """The descriptor of this saver's data format."""
+        return FORMATS[self.data_format]
+
     def __repr__(self) -> str:
         return f"DatasetSaver({self.manifest_uri!r}, data_format={self.data_format!r})"
 
@@ -190,7 +194,7 @@ class DatasetSaver:
         if isinstance(first, Unset):
             raise ValueError("Cannot save an empty record shard")
         spool = Spool(limits().spill_bytes)
-        frames = FrameOffsets() if self.data_format == "msgpack.zstf" else None
+        frames = FrameOffsets() if self.shard_format.record_index else None
         try:
             count = self._encode(itertools.chain((first,), iterator), spool, shard_id, frames)
             shard, etag = self._upload(uri, spool, count, deterministic=shard_id is not None)
@@ -227,7 +231,7 @@ class DatasetSaver:
         frames: FrameOffsets | None,
     ) -> int:
         limit = limits().deterministic_single_put_bytes
-        single_put = shard_id is not None and self.data_format in SINGLE_PUT_FORMATS
+        single_put = shard_id is not None and self.shard_format.single_put
 
         def check(size: int) -> None:
             if single_put and size >= limit:
@@ -238,7 +242,7 @@ class DatasetSaver:
                     "shard IDs"
                 )
 
-        if self.data_format == "parquet":
+        if self.shard_format.codec == "arrow":
             count = encode_parquet(records, spool)
             check(spool.size)
         else:

@@ -11,6 +11,7 @@ from typing import Final
 
 from syvain_training_data.errors import ObjectDataError, PublicationConflictError, ShardDataError
 from syvain_training_data.formats import shard_index
+from syvain_training_data.formats.registry import FORMATS
 from syvain_training_data.formats.shard_index import INDEX_SUFFIX, FrameOffsets
 from syvain_training_data.manifest import DataManifestDataFormat, ManifestShard
 from syvain_training_data.publish.spool import Spool, limits
@@ -39,15 +40,7 @@ logger = logging.getLogger(__name__)
 
 # SPEC section 4: content type and (content-format, compression) metadata per format.
 OBJECT_ATTRIBUTES: Final[dict[str, tuple[str, dict[str, str]]]] = {
-    "jsonl.gz": ("application/gzip", {"content-format": "jsonl", "compression": "gzip"}),
-    "parquet": (
-        "application/vnd.apache.parquet",
-        {"content-format": "parquet", "compression": "zstd"},
-    ),
-    "msgpack.zstf": (
-        "application/msgpack",
-        {"content-format": "msgpack.zstf", "compression": "zstd-framed"},
-    ),
+    name: (kind.content_type, dict(kind.attributes)) for name, kind in FORMATS.items()
 }
 
 
@@ -217,7 +210,7 @@ def copy_shard(
             if created:
                 _delete_quietly(destination_uri, config)
             raise
-        if data_format == "msgpack.zstf" and spool.path is not None:
+        if FORMATS[data_format].record_index and spool.path is not None:
             # The copy's own index, from the verified bytes (the source's is not trusted).
             write_index(destination_uri, FrameOffsets.of_file(spool.path), size, etag, config)
     finally:
