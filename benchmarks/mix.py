@@ -11,7 +11,14 @@ permutation of the same records.
    (``loading.plan.run_layout`` and the stream order's segments): distinct shards per device
    batch, and per global batch (the k-th batch of every rank: 512 records).
 
-Uniform figures are exact expectations (drawing without replacement), not samples.
+3. **Layouts** (no I/O): the seeded order of one stream over uneven layouts (65 equal shards;
+   500 shards of log-normal record counts, with and without indexes; one shard of 1,000,000
+   records among 10,000 of 100, without indexes; 100,000 shards of 20), beside one uniform
+   permutation of the same records (a sample, seeded): distinct shards per batch of 32, the
+   largest shard's share of a batch, and single-shard batches.
+
+Uniform figures of parts 1 and 2 are exact expectations (drawing without replacement), not
+samples.
 
 Run: .venv/bin/python benchmarks/mix.py [--steps 16]
 """
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import tempfile
 from collections import Counter
@@ -103,10 +111,68 @@ def planned(steps: int) -> dict[str, float]:
     }
 
 
+def batch_figures(shards: list[int]) -> tuple[float, float, int]:
+    """(distinct shards per batch, largest shard's share, single-shard batches) over the full
+    batches of ``shards`` (the shard of each position, in order)."""
+    distinct, largest, single = [], [], 0
+    for first in range(0, len(shards) - BATCH + 1, BATCH):
+        counts = Counter(shards[first : first + BATCH])
+        distinct.append(len(counts))
+        largest.append(max(counts.values()) / BATCH)
+        single += len(counts) == 1
+    return sum(distinct) / len(distinct), sum(largest) / len(largest), single
+
+
+def layouts() -> list[dict[str, Any]]:
+    rng = random.Random(7)
+    lognormal = [max(1, int(rng.lognormvariate(6, 1.2))) for _ in range(500)]
+    cases: list[tuple[str, list[int], bool, int]] = [
+        ("65 shards x 500 records", [500] * 65, False, 500),
+        ("500 shards, log-normal records, no index", lognormal, False, 500),
+        ("500 shards, log-normal records, indexed (blocks of 64)", lognormal, True, 64),
+        ("1 shard of 1,000,000 + 10,000 of 100, no index", [1_000_000] + [100] * 10_000, False, 0),
+        ("100,000 shards x 20 records", [20] * 100_000, False, 20),
+    ]
+    rows = []
+    for name, counts, indexed, block in cases:
+        blocks = tuple(min(c, block) if indexed else c for c in counts)
+        read_plan = plan.ReadPlan(
+            streams=(tuple(counts),),
+            seed=0,
+            window=plan.DEFAULT_WINDOW,
+            blocks=(blocks,),
+            indexed=indexed,
+        )
+        (order,) = read_plan.orders(0)
+        assert isinstance(order, BlockOrder)
+        ours = batch_figures([shard for shard, _ in order.records(0, order.total)])
+        uniform_order = [s for s, count in enumerate(counts) for _ in range(count)]
+        random.Random(0).shuffle(uniform_order)
+        uniform = batch_figures(uniform_order)
+        rows.append(
+            {
+                "case": f"layout: {name}",
+                "distinct_per_batch": round(ours[0], 2),
+                "uniform_distinct": round(uniform[0], 2),
+                "ratio": round(ours[0] / uniform[0], 3),
+                "largest_share": round(ours[1], 3),
+                "uniform_largest_share": round(uniform[1], 3),
+                "single_shard_batches": ours[2],
+                "uniform_single_shard_batches": uniform[2],
+            }
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=16, help="global batches planned")
+    parser.add_argument("--layouts-only", action="store_true", help="only part 3")
     options = parser.parse_args()
+    for row in layouts():
+        print(json.dumps(row), flush=True)
+    if options.layouts_only:
+        return
     uniform_batch = expected_distinct(SOURCES, PER_SOURCE, BATCH)
     for data_format in ("msgpack.zstf", "jsonl.gz"):
         for workers in (0, 2):

@@ -11,9 +11,10 @@ access):
    ``GROUP_BLOCKS`` blocks (or ``GROUP_SHARDS`` shards) each; group g covers the positions
    after groups 0..g-1.
 2. Inside a group, all its blocks are permuted, and consecutive runs of blocks form *windows*
-   of about equal size, at most ``window`` blocks (and no more than ``MAX_WINDOW_RECORDS``
-   records, as whole shards of datasets without indexes may hold), so no window is a
-   remainder of a few blocks that a batch could not mix.
+   of about equal size, ``window`` to ``2 x window - 1`` blocks (fewer only in a group of
+   fewer blocks, or to hold no more than ``MAX_WINDOW_RECORDS`` records, as whole shards of
+   datasets without indexes may), so no window is a remainder of a few blocks that a batch
+   could not mix.
 3. Inside a window, the blocks' records are interleaved in a seeded uniformly random order that
    keeps each block's records in their own order (``_native.interleave``).
 
@@ -114,11 +115,12 @@ class _Group:
         self.permutation = permutation(
             blocks, order.seed, order.epoch, order.number, "blocks", group
         )
-        # Windows: about equal runs of at most `window` consecutive blocks of the permutation
-        # (a remainder of one block would be read alone, in order), and no more records than
-        # MAX_WINDOW_RECORDS unless one block holds more (its interleaving is then its own
-        # order): a window's interleaving stays a few MiB.
-        windows = max(-(-blocks // order.window), -(-sum(self.counts) // MAX_WINDOW_RECORDS))
+        # Windows: about equal runs of `window` to 2 x `window` - 1 consecutive blocks of the
+        # permutation (a remainder would mix only its few blocks: 65 blocks are one window,
+        # not 64 and one read alone), and no more records than MAX_WINDOW_RECORDS unless one
+        # block holds more (its interleaving is then its own order): a window's interleaving
+        # stays a few MiB.
+        windows = max(blocks // order.window, -(-sum(self.counts) // MAX_WINDOW_RECORDS), 1)
         windows = min(windows, blocks)
         ends = {blocks * (w + 1) // windows for w in range(windows)}  # sizes differ by <= 1
         bounds, totals = [0], []

@@ -36,8 +36,8 @@ __all__ = ["DatasetPlan", "ShardDataset", "ShardTable"]
 _WORKER_STATE_VERSION = 2
 # Records decoded at a time per block read of a seeded pass (64 blocks at once).
 BLOCK_READ_RECORDS = 64
-# Bytes fetched ahead per block read of a seeded pass, so a window's 64 reads hold at most
-# 64 MiB whatever the shards' and blocks' sizes.
+# Bytes fetched ahead per block read of a seeded pass, so a window's 64 to 127 reads hold at
+# most 127 MiB whatever the shards' and blocks' sizes.
 BLOCK_READAHEAD_BYTES = 1024 * 1024
 
 
