@@ -8,9 +8,10 @@ into Python in batches, or are built into Arrow arrays in Rust); Parquet goes th
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
+from syvain_training_data.argument_checks import manifest_shard, storage_config_or_none
 from syvain_training_data.formats import FORMATS, shard_format
 from syvain_training_data.formats.shard_index import Segment, ShardIndex
 from syvain_training_data.manifest import DataManifestDataFormat, ManifestShard
@@ -73,17 +74,34 @@ def iter_shard(
     records against ``shard.records``. Errors: ShardDataError (a RuntimeError) "Unreadable
     {format} shard {uri}: {reason}" for bad data or counts; FileNotFoundError,
     PermissionError, ObjectChangedError and StorageRetryExhaustedError from the store;
-    ValueError for an unknown format or an invalid range.
+    ValueError for an unknown format or an invalid range; TypeError, at the call, for a
+    ``shard`` that is not a ManifestShard or a ``storage_config`` that is not a StorageConfig.
     """
-    if shard_format(data_format).codec == "arrow":
+    codec = shard_format(data_format).codec
+    checked = manifest_shard(shard)
+    config = storage_config_or_none(storage_config)
+    if codec == "arrow":
         from syvain_training_data.formats.parquet import iter_parquet_shard
 
-        yield from iter_parquet_shard(shard, storage_config=storage_config, start=start, stop=stop)
-        return
-    segment = _segment(data_format, shard, start, stop, index)
-    yield from read_records(
-        data_format, shard, storage_config, start, stop, segment, readahead_bytes=readahead_bytes
+        return _lazily(
+            lambda: iter_parquet_shard(checked, storage_config=config, start=start, stop=stop)
+        )
+    return _lazily(
+        lambda: read_records(
+            data_format,
+            checked,
+            config,
+            start,
+            stop,
+            _segment(data_format, checked, start, stop, index),
+            readahead_bytes=readahead_bytes,
+        )
     )
+
+
+def _lazily[T](start: Callable[[], Iterator[T]]) -> Generator[T]:
+    """The items of ``start()``, called at the first ``next``: nothing is opened before."""
+    yield from start()
 
 
 def _segment(
@@ -181,6 +199,8 @@ def iter_shard_batches(
     stops the stream of a shard not read to its end.
     """
     codec = shard_format(data_format).codec
+    checked = manifest_shard(shard)
+    config = storage_config_or_none(storage_config)
     if type(batch_size) is not int or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
     if isinstance(columns, str):
@@ -189,22 +209,24 @@ def iter_shard_batches(
     if codec == "arrow":
         from syvain_training_data.formats.parquet import iter_parquet_batches
 
-        yield from iter_parquet_batches(
-            shard,
-            storage_config=storage_config,
+        return _lazily(
+            lambda: iter_parquet_batches(
+                checked,
+                storage_config=config,
+                columns=selected,
+                batch_size=batch_size,
+                start=start,
+                stop=stop,
+            )
+        )
+    return _lazily(
+        lambda: open_shard_batches(
+            checked.uri,
+            data_format,
+            storage_config=config,
             columns=selected,
             batch_size=batch_size,
-            start=start,
-            stop=stop,
+            readahead_bytes=readahead_bytes,
+            **_open_args(checked, start, stop, _segment(data_format, checked, start, stop, index)),
         )
-        return
-    segment = _segment(data_format, shard, start, stop, index)
-    yield from open_shard_batches(
-        shard.uri,
-        data_format,
-        storage_config=storage_config,
-        columns=selected,
-        batch_size=batch_size,
-        readahead_bytes=readahead_bytes,
-        **_open_args(shard, start, stop, segment),
     )

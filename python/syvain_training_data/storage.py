@@ -120,6 +120,17 @@ class StorageConfig(BaseModel):
         ]
         if len(sources) > 1:
             raise ValueError(f"give one source of credentials, not {' and '.join(sources)}")
+        if (self.access_key_id is None) != (self.secret_access_key is None):
+            given, missing = ("access_key_id", "secret_access_key")[
+                :: 1 if self.access_key_id else -1
+            ]
+            raise ValueError(
+                f"{given} needs {missing}: pass both, or neither (then the environment's "
+                "credentials, a profile or a credential_provider are used)"
+            )
+        url = self.s3_base_url
+        if url is not None and not url.lower().startswith(("http://", "https://")):
+            raise ValueError(f'Invalid s3_base_url "{url}": expected http(s)://host[:port]')
         return self
 
     def __hash__(self) -> int:

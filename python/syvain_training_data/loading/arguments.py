@@ -5,7 +5,6 @@ the argument."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from typing import Any, Final
 
 import torch
 
+from syvain_training_data.argument_checks import boolean
 from syvain_training_data.loading.packing import TRUNCATE_MODES, RowOptions
 
 __all__ = [
@@ -50,12 +50,18 @@ class LoadOptions:
     indexes: bool | None = None
     index_root: str | None = None
 
-    @classmethod
-    def of(cls, arguments: Mapping[str, Any]) -> LoadOptions:
-        """The options among a call's ``arguments`` (its ``locals()``), named as the fields
-        are; those it lacks keep their defaults."""
-        names = [field.name for field in dataclasses.fields(cls)]
-        return cls(**{name: arguments[name] for name in names if name in arguments})
+    def __post_init__(self) -> None:
+        """The checks of the options that stand alone, at the call (the rest are checked where
+        ``SplitDataLoader`` plans the load)."""
+        boolean(self.equal_batches, "equal_batches")
+        boolean(self.infinite_iter, "infinite_iter")
+        if self.indexes is not None:
+            boolean(self.indexes, "indexes")
+        if self.shuffle_buffer is not None and self.seed is None:
+            raise ValueError(
+                "shuffle_buffer needs seed: without a seed the order is the manifest's and "
+                "nothing is shuffled"
+            )
 
 
 def batch_args(args: dict[str, Any]) -> tuple[int, bool]:

@@ -11,6 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
+from syvain_training_data.argument_checks import (
+    boolean,
+    callable_or_none,
+    mapping_or_none,
+    number,
+)
 from syvain_training_data.extras import missing_extra
 
 try:
@@ -112,7 +118,8 @@ class SplitDataLoader:
     ) -> None:
         """``manifest_uri`` (where the manifest was read) confines its shards to the same
         scheme unless ``allow_mixed_schemes`` (SPEC section 4)."""
-        args = dict(dataloader_args or {})
+        callable_or_none(collate_fn, "collate_fn")
+        args = dict(mapping_or_none(dataloader_args, "dataloader_args") or {})
         if "collate_fn" in args:
             raise ValueError("Pass collate_fn to split_data_loader, not dataloader_args")
         for reserved in ("dataset", "sampler", "batch_sampler"):
@@ -379,8 +386,25 @@ class SplitDataLoader:
             RuntimeError: with ``infinite_iter``, "{split} split produced no batches" when an
                 epoch yields none.
         """
-        del stateful  # every loader is stateful
-        options = arguments.LoadOptions.of(locals())
+        boolean(stateful, "stateful")  # kept for compatibility: every loader is stateful
+        boolean(truncate, "truncate")
+        number(pad_value, "pad_value")
+        options = arguments.LoadOptions(
+            split=split,
+            curriculum_stage=curriculum_stage,
+            curriculum_stages=curriculum_stages,
+            rank=rank,
+            world_size=world_size,
+            equal_batches=equal_batches,
+            seed=seed,
+            shuffle_buffer=shuffle_buffer,
+            mixing_weights=mixing_weights,
+            mixing_stop=mixing_stop,
+            infinite_iter=infinite_iter,
+            log_stats_every=log_stats_every,
+            indexes=indexes,
+            index_root=index_root,
+        )
         planned, args = self._plan(options)
         if columns is None and (max_length is not None or truncate):
             raise ValueError("max_length and truncate apply to load(columns=...) only")
@@ -492,7 +516,9 @@ class SplitDataLoader:
                 loss mask is not a list of 0/1 of its tokens' length (when read, naming the
                 shard and record).
         """
-        del stateful  # every loader is stateful
+        boolean(stateful, "stateful")  # kept for compatibility: every loader is stateful
+        boolean(documents, "documents")
+        boolean(pack, "pack")
         from syvain_training_data.loading.tokens import TokenDataLoader, TokenDataset
 
         seq_len = arguments.check_int(seq_len, "seq_len")
@@ -508,7 +534,22 @@ class SplitDataLoader:
                 f"loss_mask_column must be a column name other than the token column {column!r}, "
                 f"got {loss_mask_column!r}"
             )
-        options = arguments.LoadOptions.of(locals())
+        options = arguments.LoadOptions(
+            split=split,
+            curriculum_stage=curriculum_stage,
+            curriculum_stages=curriculum_stages,
+            rank=rank,
+            world_size=world_size,
+            seed=seed,
+            shuffle_buffer=shuffle_buffer,
+            mixing_weights=mixing_weights,
+            mixing_schedule=mixing_schedule,
+            mixing_stop=mixing_stop,
+            infinite_iter=infinite_iter,
+            log_stats_every=log_stats_every,
+            indexes=indexes,
+            index_root=index_root,
+        )
         planned, args = self._plan(options)
         batch_size, drop_last = arguments.batch_args(args)
         dataset = TokenDataset(
@@ -518,7 +559,7 @@ class SplitDataLoader:
             column=column,
             seq_len=seq_len,
             eos_id=eos_id,
-            documents=bool(documents),
+            documents=documents,
             mask_column=loss_mask_column,
             rows=rows,
         )

@@ -54,6 +54,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from syvain_training_data.argument_checks import records_iterable
 from syvain_training_data.errors import PublicationConflictError
 from syvain_training_data.formats import FORMATS, ShardFormat, check_data_format
 from syvain_training_data.formats.shard_index import FrameOffsets
@@ -182,6 +183,7 @@ class DatasetSaver:
         if curriculum_metadata is not None and curriculum_stage is None:
             raise ValueError("curriculum_metadata requires a curriculum_stage")
         metadata = validate_metadata(curriculum_metadata)
+        records = records_iterable(records)
         if shard_id is not None:
             found = self.recover(
                 split, curriculum_stage, shard_id=shard_id, curriculum_metadata=curriculum_metadata
