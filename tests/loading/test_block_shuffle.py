@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from loader_data import s3_client  # noqa: E402
-from syvain_training_data import SyvainTrainingData  # noqa: E402
+from syvain_training_data import SyvainTrainingData, iter_shard  # noqa: E402
 from syvain_training_data.formats.shard_index import (  # noqa: E402
     INDEX_SUFFIX,
     ShardIndex,
@@ -229,7 +229,11 @@ def test_an_index_that_lies_is_an_error_naming_the_shard_never_wrong_records(tmp
     assert sorted(r["i"] for b in loader for r in b) == list(range(4000))
     from syvain_training_data.loading.shard_indexes import ShardIndexes
 
-    assert ShardIndexes(None).segment(shard, 100, 200) is None
+    # Not the index: the offsets a consumer learns walking the shard's frames.
+    segment = ShardIndexes(None).segment(shard, 100, 200)
+    assert segment is not None and segment.first <= 100 < 200 <= segment.first + segment.records
+    learned = iter_shard("msgpack.zstf", shard, start=100, stop=200, index=segment)
+    assert [r["i"] for r in learned] == list(range(100, 200))
     assert "Ignoring the shard index" in caplog.text
 
 
