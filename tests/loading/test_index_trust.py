@@ -210,3 +210,21 @@ def test_a_rank_that_cannot_read_the_index_never_orders_otherwise(
         return
     seen = sorted(tuple(r) for r in outputs[0] + outputs[1])
     assert seen == [(0, i) for i in range(RECORDS)] + [(1, i) for i in range(500)]
+
+
+def test_a_state_resumed_with_the_other_index_answer_is_refused_naming_indexes(dataset):
+    client, manifest_uri, _, _ = dataset
+    loader = client.split_data_loader(manifest_uri, as_list, {"batch_size": 16})
+    first = loader.load("train", seed=5)
+    batches = iter(first)
+    next(batches)
+    state = first.state_dict()
+    json.dumps(state)  # plain JSON
+    for indexes, words in ((False, "indexes=True"), (True, None)):
+        resumed = loader.load("train", seed=5, indexes=indexes)
+        if words is None:
+            resumed.load_state_dict(state)  # the answer the state was saved with
+            continue
+        with pytest.raises(ValueError, match=words) as info:
+            resumed.load_state_dict(state)
+        assert "with record offset indexes" in str(info.value)
