@@ -161,6 +161,11 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     fake: FakeAws
 
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.fake.lock:  # connections are accepted one after another, in order
+            self.fake.connections += 1
+        super().process_request(request, client_address)
+
 
 class FakeAws(_Serving):
     """See the module docstring. Use as a context manager; ``url`` is ``http://127.0.0.1:PORT``."""
@@ -184,6 +189,7 @@ class FakeAws(_Serving):
         # How many of the next store GETs answer 503 (a transient failure to retry).
         self.fail_next = 0
         self.issued = 0
+        self.connections = 0  # accepted so far
         self.lock = threading.Lock()
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.fake = self
