@@ -4,8 +4,9 @@
 
 - an S3-compatible store that accepts anything (GET and HEAD of a key answer its bytes in
   ``objects``, or ``hello``, ranged GETs their range; PUT answers an etag) and records each
-  request's method, path and headers, so a test can see which credentials signed it
-  (``Authorization``, ``x-amz-security-token``);
+  request's method, path and headers; ``signers`` verifies each request's SigV4 signature
+  with the credentials this server (or a ``FakeSts`` of ``issuers``) handed out, or those a
+  test gave its client (``trust``), so a test sees which key, secret and token signed it;
 - the container credentials service (``GET /creds``, checking ``Authorization`` when a token
   is expected);
 - the EC2 instance metadata service, IMDSv2 (``PUT /latest/api/token``, then
@@ -18,11 +19,15 @@ Each credentials answer is a new key pair (``KEY1``, ``KEY2``, ...), expiring af
 from __future__ import annotations
 
 import datetime
+import hashlib
+import hmac
 import json
 import threading
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
+
+from s3_signing import authorization_fields, expected_signature
 
 ROLE = "test-role"
 IMDS_TOKEN = "imds-session-token"
@@ -37,11 +42,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _record(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
-        if length:
-            self.rfile.read(length)
+        body = self.rfile.read(length) if length else b""
         headers = {name.lower(): value for name, value in self.headers.items()}
         with self.server.fake.lock:
             self.server.fake.requests.append((self.command, self.path, headers))
+            self.server.fake.payload_hashes.append(hashlib.sha256(body).hexdigest())
 
     def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
@@ -57,6 +62,7 @@ class _Handler(BaseHTTPRequestHandler):
         with fake.lock:
             fake.issued += 1
             number = fake.issued
+            fake.credentials[f"KEY{number}"] = (f"secret-{number}", f"token-{number}")
         expiration = datetime.datetime.now(datetime.UTC) + datetime.timedelta(
             seconds=fake.expires_in
         )
@@ -155,19 +161,35 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     fake: FakeAws
 
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.fake.lock:  # connections are accepted one after another, in order
+            self.fake.connections += 1
+        super().process_request(request, client_address)
+
 
 class FakeAws(_Serving):
     """See the module docstring. Use as a context manager; ``url`` is ``http://127.0.0.1:PORT``."""
 
-    def __init__(self, *, expires_in: float = 3600, container_token: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        expires_in: float = 3600,
+        container_token: str | None = None,
+        issuers: tuple[FakeSts, ...] = (),
+    ) -> None:
         self.expires_in = expires_in
         self.container_token = container_token
         self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self.payload_hashes: list[str] = []  # the sha256 of each request's body
+        # Access key -> (secret, session token) of the keys this server handed out or trusts.
+        self.credentials: dict[str, tuple[str, str | None]] = {}
+        self.issuers = issuers
         # GET bodies by path ("/bucket/key"); any other key answers b"hello".
         self.objects: dict[str, bytes] = {}
         # How many of the next store GETs answer 503 (a transient failure to retry).
         self.fail_next = 0
         self.issued = 0
+        self.connections = 0  # accepted so far
         self.lock = threading.Lock()
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.fake = self
@@ -197,16 +219,59 @@ class FakeAws(_Serving):
                 if request[1] == "/creds" or request[1].startswith("/latest/")
             ]
 
+    def trust(self, access_key_id: str, secret_access_key: str, token: str | None = None) -> None:
+        """Credentials a test gave its client itself, to verify the signatures made with."""
+        with self.lock:
+            self.credentials[access_key_id] = (secret_access_key, token)
+
+    def signers(self) -> list[tuple[str, str, str | None] | str | None]:
+        """Per store request: None when unsigned; (access key, secret, session token) when its
+        SigV4 signature verifies with the secret handed out (or trusted) for its key, its
+        ``x-amz-security-token`` is that key's token (absent without one) and is signed, and
+        its payload hash is its body's (or UNSIGNED-PAYLOAD); else a str saying what failed."""
+        with self.lock:
+            known = dict(self.credentials)
+            received = list(zip(self.requests, self.payload_hashes, strict=True))
+        for issuer in self.issuers:
+            with issuer.lock:
+                known.update(issuer.credentials)
+        return [
+            _signer(method, target, headers, payload, known)
+            for (method, target, headers), payload in received
+            if target != "/creds" and not target.startswith("/latest/")
+        ]
+
     def signing_keys(self) -> list[str | None]:
-        """The access key id in each store request's Authorization header (None: unsigned)."""
-        keys: list[str | None] = []
-        for _, _, headers in self.s3_requests():
-            authorization = headers.get("authorization")
-            if authorization is None:
-                keys.append(None)
-            else:
-                keys.append(authorization.split("Credential=", 1)[1].split("/", 1)[0])
-        return keys
+        """The access key of each store request whose signature verifies (see ``signers``),
+        None when unsigned, or what failed."""
+        return [s[0] if isinstance(s, tuple) else s for s in self.signers()]
+
+
+def _signer(
+    method: str,
+    target: str,
+    headers: dict[str, str],
+    payload: str,
+    known: dict[str, tuple[str, str | None]],
+) -> tuple[str, str, str | None] | str | None:
+    """One request's signer for ``FakeAws.signers``."""
+    if "authorization" not in headers:
+        return None
+    fields = authorization_fields(headers["authorization"])
+    key = fields["Credential"].split("/", 1)[0]
+    if key not in known:
+        return f"{key}: a key never handed out"
+    secret, token = known[key]
+    if headers.get("x-amz-content-sha256") not in ("UNSIGNED-PAYLOAD", payload):
+        return f"{key}: the payload hash is not the body's"
+    if headers.get("x-amz-security-token") != token:
+        return f"{key}: token {headers.get('x-amz-security-token')!r}, handed out {token!r}"
+    if token is not None and "x-amz-security-token" not in fields["SignedHeaders"].split(";"):
+        return f"{key}: the session token is not signed"
+    expected = expected_signature(method, target, headers, secret)
+    if not hmac.compare_digest(expected, fields["Signature"]):
+        return f"{key}: the signature does not verify with {secret!r}"
+    return key, secret, token
 
 
 class _StsHandler(BaseHTTPRequestHandler):
@@ -227,18 +292,19 @@ class _StsHandler(BaseHTTPRequestHandler):
                 urlsplit(self.path).query or body.decode(), keep_blank_values=True
             ).items()
         }
+        # AssumeRoleWithWebIdentity (object_store) or AssumeRole (botocore's role profiles).
+        action = query.get("Action", "AssumeRoleWithWebIdentity")
+        prefix = "WEBKEY" if action == "AssumeRoleWithWebIdentity" else "ROLEKEY"
         sts = self.server.sts
         with sts.lock:
             sts.calls.append(query)
             sts.authorizations.append(self.headers.get("Authorization"))
             sts.issued += 1
             number = sts.issued
+            sts.credentials[f"{prefix}{number}"] = (f"web-secret-{number}", f"web-token-{number}")
         expiration = datetime.datetime.now(datetime.UTC) + datetime.timedelta(
             seconds=sts.expires_in
         )
-        # AssumeRoleWithWebIdentity (object_store) or AssumeRole (botocore's role profiles).
-        action = query.get("Action", "AssumeRoleWithWebIdentity")
-        prefix = "WEBKEY" if action == "AssumeRoleWithWebIdentity" else "ROLEKEY"
         user = (
             "<AssumedRoleUser><Arn>arn:aws:sts::123456789012:assumed-role/reader/test</Arn>"
             "<AssumedRoleId>AROATEST:test</AssumedRoleId></AssumedRoleUser>"
@@ -270,6 +336,7 @@ class _StsHandler(BaseHTTPRequestHandler):
         with sts.lock:
             sts.calls.append({"path": parts.path, **query})
             sts.authorizations.append(self.headers.get("x-amz-sso_bearer_token"))
+            sts.credentials["SSOKEY"] = ("sso-secret", "sso-session-token")
         if parts.path != "/federation/credentials":
             self.send_response(404)
             self.send_header("Content-Length", "0")
@@ -312,6 +379,8 @@ class FakeSts(_Serving):
         self.expires_in = expires_in
         self.calls: list[dict[str, str]] = []
         self.authorizations: list[str | None] = []
+        # Access key -> (secret, session token) of the keys it handed out (FakeAws issuers).
+        self.credentials: dict[str, tuple[str, str | None]] = {}
         self.issued = 0
         self.lock = threading.Lock()
         self._server = _StsServer(("127.0.0.1", 0), _StsHandler)

@@ -1,7 +1,9 @@
-"""A small AWS SigV4 signer for the S3 calls the integration tests make.
+"""A small AWS SigV4 signer for the S3 calls the integration tests make, and its check.
 
 ``sign_headers`` signs one request; ``canonical_target`` is the request target to send for the
-same path and query (exactly what was signed). Standard library only.
+same path and query (exactly what was signed). ``expected_signature`` recomputes the signature
+of a received request with a secret key, so a fake server can verify who signed it. Standard
+library only.
 """
 
 from __future__ import annotations
@@ -78,6 +80,17 @@ def sign_headers(
         ]
     )
     scope = f"{date}/{region}/s3/aws4_request"
+    signature = _signature(secret_access_key, stamp, scope, canonical_request)
+    out["Authorization"] = (
+        f"AWS4-HMAC-SHA256 Credential={access_key_id}/{scope}, "
+        f"SignedHeaders={';'.join(names)}, Signature={signature}"
+    )
+    return out
+
+
+def _signature(secret_access_key: str, stamp: str, scope: str, canonical_request: str) -> str:
+    """The SigV4 signature of ``canonical_request`` at ``stamp`` in ``scope``
+    (date/region/service/aws4_request)."""
     string_to_sign = "\n".join(
         [
             "AWS4-HMAC-SHA256",
@@ -87,11 +100,43 @@ def sign_headers(
         ]
     )
     key = ("AWS4" + secret_access_key).encode()
-    for part in (date, region, "s3", "aws4_request"):
+    for part in scope.split("/"):
         key = hmac.new(key, part.encode(), hashlib.sha256).digest()
-    signature = hmac.new(key, string_to_sign.encode(), hashlib.sha256).hexdigest()
-    out["Authorization"] = (
-        f"AWS4-HMAC-SHA256 Credential={access_key_id}/{scope}, "
-        f"SignedHeaders={';'.join(names)}, Signature={signature}"
+    return hmac.new(key, string_to_sign.encode(), hashlib.sha256).hexdigest()
+
+
+def authorization_fields(authorization: str) -> dict[str, str]:
+    """The fields of a SigV4 ``Authorization`` header: Credential (key/scope), SignedHeaders
+    and Signature; ValueError for another scheme."""
+    scheme, _, rest = authorization.partition(" ")
+    if scheme != "AWS4-HMAC-SHA256":
+        raise ValueError(f"not a SigV4 authorization: {scheme!r}")
+    fields = dict(part.strip().split("=", 1) for part in rest.split(","))
+    return {name: fields[name] for name in ("Credential", "SignedHeaders", "Signature")}
+
+
+def expected_signature(
+    method: str, target: str, headers: Mapping[str, str], secret_access_key: str
+) -> str:
+    """The signature a request of ``method`` to ``target`` (as received: encoded path and
+    query) with ``headers`` (lower-case names) should carry when signed with
+    ``secret_access_key``, over the headers its ``Authorization`` names as signed."""
+    fields = authorization_fields(headers["authorization"])
+    scope = fields["Credential"].split("/", 1)[1]
+    path, _, query = target.partition("?")
+    pairs = []
+    for piece in query.split("&") if query else []:
+        name, _, value = piece.partition("=")
+        pairs.append((urllib.parse.unquote(name), urllib.parse.unquote(value)))
+    names = fields["SignedHeaders"].split(";")
+    canonical_request = "\n".join(
+        [
+            method,
+            path,
+            _canonical_query(dict(pairs)),
+            "".join(f"{name}:{' '.join(headers[name].strip().split())}\n" for name in names),
+            ";".join(names),
+            headers["x-amz-content-sha256"],
+        ]
     )
-    return out
+    return _signature(secret_access_key, headers["x-amz-date"], scope, canonical_request)

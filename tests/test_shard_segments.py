@@ -213,6 +213,13 @@ def big_shard(store_root) -> tuple[str, StorageConfig, int]:
     return uri, config, len(data)
 
 
+# The most a bounded local read holds ahead of its consumer: the bytes buffered for it (the
+# bound), the merged piece the producer holds while it waits for room (at most the bound) and
+# the file read in flight (at most the bound); plus slack for reading /proc/self/io itself (a
+# few hundred bytes a check).
+AHEAD = 3 * BOUND + 128 * KIB
+
+
 def read_chars() -> int:
     """Bytes this process has read with read(2) and friends: a local stream's reads show here,
     whether handed to the consumer yet or only buffered ahead of it."""
@@ -243,10 +250,22 @@ def test_readahead_bounds_a_local_shard_read(big_shard):
         assert [record["i"] for record in reader.next_batch(1)] == [0]
         return reader, before
 
-    bounded, before = read_one(readahead_bytes=BOUND)
-    time.sleep(0.5)
-    # Decoder batches (~170 KB) + the bound + one piece in hand: nowhere near 2 MiB.
-    assert read_chars() - before < 2 * MIB
+    counters = StreamCounters()  # the bytes handed to the decoder, live
+    with counters:
+        bounded, before = read_one(readahead_bytes=BOUND)
+
+    def ahead() -> int:
+        """Bytes read from the file and not handed to the decoder yet: the read-ahead."""
+        return read_chars() - before - counters.bytes
+
+    # Once the read has run ahead to its bound, it stays within AHEAD at every step to the
+    # shard's end. The default runs 8 MiB ahead.
+    assert wait_until(lambda: ahead() >= BOUND)
+    taken = 1
+    while batch := bounded.next_batch(100):
+        taken += len(batch)
+        assert ahead() <= AHEAD, taken
+    assert (taken, counters.bytes) == (BIG_RECORDS, size)
     del bounded
     default, before = read_one()
     assert wait_until(lambda: read_chars() - before > 4 * MIB)
@@ -256,15 +275,23 @@ def test_readahead_bounds_a_local_shard_read(big_shard):
 def test_readahead_bounds_a_stream(big_shard):
     uri, config, size = big_shard
     client = native_storage(config)
+    local = uri.startswith("file://")
+    before = read_chars() if local else 0
     with client.open_stream(uri, size, readahead_bytes=BOUND) as stream:
-        first = stream.read_chunk()
-        assert first is not None and len(first) <= BOUND
-        time.sleep(0.5)
-        buffered = stream.buffered_bytes
-        assert buffered is not None and 0 < buffered <= BOUND
-        got = [first, *stream]
-    assert all(len(chunk) <= BOUND for chunk in got)
-    assert sum(len(chunk) for chunk in got) == size
+        got = [stream.read_chunk()]
+        # The read runs ahead of the chunks taken (once it has started), never further than
+        # the bound: buffered bytes, and for a local file the bytes read from it, checked
+        # after every chunk to the end.
+        assert wait_until(lambda: (stream.buffered_bytes or 0) > 0)
+        while got[-1] is not None:
+            buffered = stream.buffered_bytes
+            assert buffered is not None and buffered <= BOUND
+            if local:
+                taken = sum(len(chunk) for chunk in got if chunk is not None)
+                assert read_chars() - before <= taken + AHEAD, taken
+            got.append(stream.read_chunk())
+    assert all(len(chunk) <= BOUND for chunk in got if chunk is not None)
+    assert sum(len(chunk) for chunk in got if chunk is not None) == size
     with client.open_stream(uri, size) as stream:
         assert stream.read_chunk()
         assert wait_until(lambda: (stream.buffered_bytes or 0) > 4 * MIB)

@@ -294,12 +294,13 @@ def test_a_copied_shard_gets_its_own_index(local_sources, tmp_path):
     assert again == copied
 
 
-def test_a_truncated_index_on_s3_is_ignored_not_retried(seaweed, s3_bucket, caplog):
+def test_a_truncated_index_on_s3_is_ignored_not_retried(seaweed, s3_bucket, fault_proxy, caplog):
     """An index shorter than its shard needs (its size is checked on every read of it) is set
-    aside, logged, and the shard read without it, at once."""
+    aside, logged, and the shard read without it, at once: the proxy's request log shows the
+    truncated index requested at most once for each block of its shard, never retried."""
     from syvain_training_data.storage import put_object
 
-    client = s3_client(seaweed)
+    client = s3_client(seaweed, fault_proxy.endpoint)
     manifest_uri = f"s3://{s3_bucket}/short-index-{uuid.uuid4().hex}/data-manifest.json"
     saver = client.dataset_saver(manifest_uri, data_format="msgpack.zstf")
     for part in range(2):
@@ -311,9 +312,16 @@ def test_a_truncated_index_on_s3_is_ignored_not_retried(seaweed, s3_bucket, capl
     uri = shards[1].uri + INDEX_SUFFIX
     data = get_object(uri, storage_config=client.storage_config)
     put_object(uri, data[:40], storage_config=client.storage_config)
+    published = len(fault_proxy.history)
     loader = client.split_data_loader(manifest_uri, as_list, {"batch_size": 16}).load(
         "train", seed=3
     )
     got = sorted((r["source"], r["i"]) for batch in loader for r in batch)
     assert got == [(s, i) for s in range(2) for i in range(3000)]  # 2 blocks a shard
     assert "Ignoring the shard index" in caplog.text
+
+    path = "/" + uri.removeprefix("s3://")
+    requested = [r.target.split("?")[0] for r in fault_proxy.history[published:]].count(path)
+    # Once, or once for each of the shard's 2 blocks when their reads start together before
+    # the first sets it aside; retried, it would be requested up to the policy's 64 attempts.
+    assert 1 <= requested <= 2

@@ -171,5 +171,28 @@ def test_non_finite_mapping_mixing_weights_are_value_errors(bad):
 
 
 def test_mixing_weights_far_apart_but_within_bounds_still_mix(tmp_path):
-    loader = SplitDataLoader(_mix_manifest({"a": 1e30, "b": 1e-8}), as_list)
-    loader.load("train", curriculum_stages=["a", "b"], mixing_weights="metadata")
+    """Weights 1e30 and 1e-8 (a share of 1e-38, above the 2**-128 bound) load from real
+    shards, given in the metadata or as a mapping: first_exhausted ends the epoch when the
+    heavy stage runs out, before any record of the light one; all_exhausted then reads the
+    light stage too, every record once."""
+    client = SyvainTrainingData()
+    uri = f"file://{tmp_path}/data-manifest.json"
+    saver = client.dataset_saver(uri, data_format="jsonl.gz")
+    for stage, weight in (("a", 1e30), ("b", 1e-8)):
+        saver.save(
+            "train",
+            stage,
+            [{"stage": stage, "i": i} for i in range(100)],
+            curriculum_metadata={"weight": weight},
+            shard_id=stage,
+        )
+    saver.commit_manifest()
+    loader = client.split_data_loader(uri, as_list, {"batch_size": 16})
+    a_then_b = [("a", i) for i in range(100)] + [("b", i) for i in range(100)]
+    for weights in ("metadata", {"a": 1e30, "b": 1e-8}):
+        for stop, expected in (("first_exhausted", a_then_b[:100]), ("all_exhausted", a_then_b)):
+            mixed = loader.load(
+                "train", curriculum_stages=["a", "b"], mixing_weights=weights, mixing_stop=stop
+            )
+            assert len(mixed) == -(-len(expected) // 16)
+            assert [(r["stage"], r["i"]) for b in mixed for r in b] == expected, (weights, stop)

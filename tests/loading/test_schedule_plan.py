@@ -119,13 +119,41 @@ def test_every_segment_keeps_each_stage_share_in_every_400_positions(data, lengt
                 assert abs((after[s] - before[s]) - 400 * share) <= 2, (start, low, s)
 
 
-def test_the_order_costs_segments_not_records():
+def test_the_order_costs_segments_not_records(monkeypatch):
+    """A schedule of 64 segments over 2*10^9 records: the order's length, prefixes and labels
+    cost tens of thousands of record keys, not one per record, and agree with each other (each label
+    is the stream whose prefix count grows by one there) and with the segments' shares."""
+    keys = Counter[str]()
+    key = mixing.MixedOrder.key
+
+    def counted(self, stream, index):
+        keys["key"] += 1
+        return key(self, stream, index)
+
+    monkeypatch.setattr(mixing.MixedOrder, "key", counted)
     lengths = [10**9, 3 * 10**8, 7 * 10**8]
     entries = tuple((k * 10**7, (1.0 + k % 3, 2.0, 1.0 + k % 5)) for k in range(64))
     order = schedule.ScheduledOrder(lengths, entries, "first_exhausted", 1, 0)
-    counts = order.prefix(order.length // 2)
-    assert sum(counts) == order.length // 2
-    assert list(order.labels(10**8, 10**8 + 5)) == list(order.labels(10**8, 10**8 + 5))
+    assert 63 * 10**7 < order.length <= sum(lengths)
+    middle = order.length // 2
+    counts = order.prefix(middle)
+    assert sum(counts) == middle
+    start = 10**8 + 3  # inside segment 10
+    labels = list(order.labels(start, start + 50))
+    # A binary search per segment (64 x 3 streams x ~64 halvings): not a key per record.
+    assert keys["key"] < 100_000, keys  # checking the results below costs more keys
+    prefixes = [order.prefix(p) for p in range(start, start + 51)]
+    grew = [
+        [s for s in range(3) if after[s] - before[s] == 1]
+        for before, after in zip(prefixes, prefixes[1:], strict=False)
+    ]
+    assert [[label] for label in labels] == grew
+    for (position, weights), (end, _) in zip(entries, entries[1:], strict=False):
+        shares = [w / sum(weights) for w in weights]
+        took = [b - a for a, b in zip(order.prefix(position), order.prefix(end), strict=True)]
+        for s, share in enumerate(shares):
+            # within 1 + 3 * share of its share (three streams' phases): at most 3
+            assert abs(took[s] - (end - position) * share) <= 3, (position, s)
 
 
 # --- the segmented token layout ---------------------------------------------------------------

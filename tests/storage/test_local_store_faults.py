@@ -241,14 +241,45 @@ def test_abandoned_local_staging_files_are_removed_by_age_not_by_process_id(tmp_
 STRACE = shutil.which("strace")
 
 
+def traced_calls(tmp_path: Path, script: str, syscalls: str) -> list[str]:
+    """The ``syscalls`` a Python process running ``script`` makes on paths under ``tmp_path``
+    (strace, with file descriptors shown as their paths), in order."""
+    assert STRACE, "this test needs strace (apt-get install strace; .ci/run installs it)"
+    trace = tmp_path / "trace.txt"
+    command = [STRACE, "-f", "-y", "-o", str(trace), "-e", f"trace={syscalls}"]
+    done = subprocess.run(
+        [*command, sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = trace.read_text().splitlines()
+    return [line.split(None, 1)[1] for line in lines if str(tmp_path) in line]
+
+
+def assert_flushed_around(calls: list[str], names: tuple[str, ...]) -> int:
+    """Every call of ``names`` (link or rename of a staged copy) comes after an fsync of the
+    staged copy and before an fsync of the target's directory; returns how many there were."""
+    moves = [i for i, call in enumerate(calls) if call.startswith(tuple(f"{n}(" for n in names))]
+    for at in moves:
+        staged = calls[at].split('"')[1]
+        target_dir = os.path.dirname(calls[at].split('"')[3])
+        synced_before = [c for c in calls[:at] if c.startswith("fsync(") and staged in c]
+        synced_after = [
+            c for c in calls[at + 1 :] if c.startswith("fsync(") and f"<{target_dir}>" in c
+        ]
+        assert synced_before, (calls[at], calls[:at])
+        assert synced_after, (calls[at], calls[at + 1 :])
+    return len(moves)
+
+
 @pytest.mark.parametrize("writer", ["put_object", "put_file", "saver"])
 def test_local_create_only_writes_are_flushed_before_and_after_they_are_linked(tmp_path, writer):
     """Power loss after a commit must not leave an empty or partial object: the staged copy is
     fsync-ed before it is linked into place, and the directory after (strace shows the calls)."""
-    assert STRACE, "this test needs strace (apt-get install strace; .ci/run installs it)"
     root = tmp_path / "store"
-    script = textwrap.dedent(
-        f"""
+    script = f"""
         import pathlib
         from syvain_training_data import SyvainTrainingData, storage
         root = pathlib.Path({str(root)!r})
@@ -264,38 +295,47 @@ def test_local_create_only_writes_are_flushed_before_and_after_they_are_linked(t
             saver.save("train", None, [{{"i": 1}}], shard_id="a")
             saver.commit_manifest()
         """
+    calls = traced_calls(tmp_path, script, "fsync,fdatasync,link,linkat")
+    assert assert_flushed_around(calls, ("link", "linkat")), calls
+
+
+@pytest.mark.parametrize("writer", ["put_object", "put_file"])
+def test_local_overwrites_and_new_directories_are_flushed(tmp_path, writer):
+    """An overwrite is staged, fsync-ed, renamed over the old object, and its directory fsync-ed
+    after; each directory a write creates is flushed into its parent (fsync of the parent after
+    the mkdir), so that the object's path survives power loss too (strace shows the calls)."""
+    root = tmp_path / "store"
+    script = f"""
+        import pathlib
+        from syvain_training_data import storage
+        root = pathlib.Path({str(root)!r})
+        uri = f"file://{{root}}/new/deeper/object.bin"
+        source = root.parent / "source.bin"
+        for content in (b"first", b"second" * 20000):
+            if {writer!r} == "put_object":
+                storage.put_object(uri, content)
+            else:
+                source.write_bytes(content)
+                storage.put_file(uri, source)
+        assert storage.get_object(uri) == content
+        """
+    calls = traced_calls(
+        tmp_path, script, "fsync,fdatasync,rename,renameat,renameat2,mkdir,mkdirat"
     )
-    trace = tmp_path / "trace.txt"
-    done = subprocess.run(
-        [
-            STRACE,
-            "-f",
-            "-y",
-            "-o",
-            str(trace),
-            "-e",
-            "trace=fsync,fdatasync,link,linkat",
-            sys.executable,
-            "-c",
-            script,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    calls = [line.split(None, 1)[1] for line in trace.read_text().splitlines() if str(root) in line]
-    links = [i for i, call in enumerate(calls) if call.startswith(("link(", "linkat("))]
-    assert links, calls
-    for at in links:
-        staged = calls[at].split('"')[1]
-        target_dir = os.path.dirname(calls[at].split('"')[3])
-        synced_before = [c for c in calls[:at] if c.startswith("fsync(") and staged in c]
-        synced_after = [
-            c for c in calls[at + 1 :] if c.startswith("fsync(") and f"<{target_dir}>" in c
-        ]
-        assert synced_before, (calls[at], calls[:at])
-        assert synced_after, (calls[at], calls[at + 1 :])
+    assert assert_flushed_around(calls, ("rename", "renameat", "renameat2")) == 2, calls
+    made = [
+        (i, call.split('"')[1])
+        for i, call in enumerate(calls)
+        if call.startswith("mkdir") and call.endswith("= 0")
+    ]
+    assert [path for _, path in made] == [
+        str(root),
+        str(root / "new"),
+        str(root / "new" / "deeper"),
+    ], calls
+    for at, path in made:
+        parent = f"<{os.path.dirname(path)}>"
+        assert [c for c in calls[at + 1 :] if c.startswith("fsync(") and parent in c], (path, calls)
 
 
 def test_a_local_range_past_the_files_end_fails_at_once(tmp_path):

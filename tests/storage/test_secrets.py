@@ -374,6 +374,7 @@ def test_session_tokens_reach_workers_under_every_start_method(monkeypatch, meth
             secret_access_key="worker-secret",
             session_token=TOKEN,
         )
+        fake.trust("AKIDWORKER", "worker-secret", TOKEN)
         context = multiprocessing.get_context(method)
         with ProcessPoolExecutor(max_workers=2, mp_context=context) as pool:
             configs = [client.storage_config] * 2
