@@ -11,7 +11,7 @@ from typing import Final
 from syvain_training_data.cli.arguments import add_manifest, add_shard_options
 from syvain_training_data.cli.context import Context, check_schemes, to_uri
 from syvain_training_data.cli.errors import CommandFailed, describe
-from syvain_training_data.cli.output import ShardProgress, emit, plural
+from syvain_training_data.cli.output import ShardProgress, conclude, emit, plural
 from syvain_training_data.cli.shards import unique_shards
 from syvain_training_data.formats.registry import FORMATS
 from syvain_training_data.manifest import ManifestShard
@@ -55,7 +55,8 @@ def run(ctx: Context) -> None:
     root = None if ctx.args.to is None else to_uri(ctx.args.to)
     progress = ShardProgress.of_shards(ctx.stderr, "index", shards, enabled=ctx.args.progress)
 
-    def one(shard: ManifestShard) -> str:
+    def one(shard: ManifestShard) -> tuple[str, str | None]:
+        """(what was done, the problem found)."""
         try:
             outcome = index_shard(
                 shard,
@@ -64,23 +65,17 @@ def run(ctx: Context) -> None:
                 on_bytes=lambda n: progress.add(bytes_=n),
             )
         except (RuntimeError, OSError) as error:
-            return f"problem: {describe(error).split(': ', 1)[1]}"
+            return "failed", describe(error).split(": ", 1)[1]
         finally:
             progress.add(records=shard.records, shards=1)
-        return outcome
+        return outcome, None
 
     with ThreadPoolExecutor(max_workers=ctx.args.jobs) as pool:
         outcomes = list(pool.map(one, shards))
     progress.finish()
-    problems = [outcome for outcome in outcomes if outcome.startswith("problem: ")]
-    for problem in problems:
-        emit(ctx.stdout, problem)
-    done = Counter(outcomes)
+    done = Counter(outcome for outcome, _ in outcomes)
     summary = (
         f"{plural(len(shards), 'shard')}: {done['written']} indexed, {done['replaced']} "
         f"replaced (stale), {done['kept']} already indexed"
     )
-    if problems:
-        emit(ctx.stdout, f"FAILED: {plural(len(problems), 'problem')}; {summary}")
-        raise CommandFailed
-    emit(ctx.stdout, f"OK: {summary}")
+    conclude(ctx.stdout, [problem for _, problem in outcomes if problem], summary)

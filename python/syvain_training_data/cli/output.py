@@ -93,6 +93,19 @@ def table(rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
     ]
 
 
+def conclude(stream: IO[str], problems: Sequence[str], summary: str) -> None:
+    """Prints each problem on its own line, then ``OK: {summary}``, or ``FAILED: N problems
+    in {summary}`` and CommandFailed (exit status 1) when there is any."""
+    from syvain_training_data.cli.errors import CommandFailed
+
+    for problem in problems:
+        emit(stream, f"problem: {problem}")
+    if problems:
+        emit(stream, f"FAILED: {plural(len(problems), 'problem')} in {summary}")
+        raise CommandFailed
+    emit(stream, f"OK: {summary}")
+
+
 def plural(count: int, noun: str) -> str:
     return f"{count:,} {noun}" + ("" if count == 1 else "s")
 

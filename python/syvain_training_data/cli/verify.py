@@ -8,8 +8,8 @@ from typing import Final
 
 from syvain_training_data.cli.arguments import add_manifest, add_shard_options
 from syvain_training_data.cli.context import Context, check_schemes, to_uri
-from syvain_training_data.cli.errors import CommandFailed, describe
-from syvain_training_data.cli.output import ShardProgress, emit, plural
+from syvain_training_data.cli.errors import describe
+from syvain_training_data.cli.output import ShardProgress, conclude, plural
 from syvain_training_data.cli.shards import unique_shards
 from syvain_training_data.formats.registry import FORMATS
 from syvain_training_data.loading.shard_indexes import index_problem
@@ -108,18 +108,13 @@ def run(ctx: Context) -> None:
             )
         progress.finish()
         problems += [problem for problem in deep if problem]
-    for problem in problems:
-        emit(ctx.stdout, f"problem: {problem}")
     records = sum(shard.records for shard in shards)
     size = sum(shard.size_bytes for shard in shards)
     summary = (
         f"{plural(len(shards), 'shard')}, {plural(records, 'record')}, {size:,} bytes "
         f"({checked} checked)"
     )
-    if problems:
-        emit(ctx.stdout, f"FAILED: {plural(len(problems), 'problem')} in {summary}")
-        raise CommandFailed
-    emit(ctx.stdout, f"OK: {summary}")
+    conclude(ctx.stdout, problems, summary)
 
 
 def _conflicting_descriptions(manifest: DataManifest) -> list[str]:
