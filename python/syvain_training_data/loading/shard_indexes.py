@@ -45,8 +45,8 @@ log = logging.getLogger(__name__)
 # Shards whose verdict (index usable or not) a consumer remembers.
 REMEMBERED = 4096
 # Shards without a usable index whose learned frame offsets a consumer keeps (512 KiB each at
-# most): a window reads at most 64 shards at once.
-LEARNED_SHARDS = 64
+# most): a window reads at most 127 blocks at once.
+LEARNED_SHARDS = 128
 
 
 def _read(
