@@ -137,7 +137,9 @@ def test_picklable_secret_is_an_explicit_opt_in(aws_env):
     client = SyvainTrainingData.from_env(picklable_secret=True)
     data = pickle.dumps(client.storage_config)
     assert secret.encode() in data
-    config = StorageConfig.create(secret_access_key=secret, picklable_secret=True)
+    config = StorageConfig.create(
+        access_key_id=aws_env["AWS_ACCESS_KEY_ID"], secret_access_key=secret, picklable_secret=True
+    )
     assert pickle.loads(pickle.dumps(config)) == config
 
 
