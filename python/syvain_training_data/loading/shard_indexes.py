@@ -38,7 +38,7 @@ from syvain_training_data.manifest import ManifestShard
 from syvain_training_data.storage import StorageConfig, get_object, head_object, open_stream
 from syvain_training_data.uris import portable_etag
 
-__all__ = ["ShardIndexes", "has_index", "index_problem"]
+__all__ = ["ShardIndexes", "has_index", "index_problem", "read_index_bytes", "shard_version"]
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ REMEMBERED = 4096
 LEARNED_SHARDS = 128
 
 
-def _read(
+def read_index_bytes(
     uri: str, layout: IndexLayout, start: int, end: int, config: StorageConfig | None
 ) -> bytes:
     """Bytes [start, end) of the index object at ``uri``; its size must be the layout's."""
@@ -111,7 +111,9 @@ class ShardIndexes:
         layout = IndexLayout(shard.records, shard.size_bytes)
         first, end = layout.entries_for(start, stop)
         try:
-            data = _read(uri, layout, *layout.byte_range(first, end), self.storage_config)
+            data = read_index_bytes(
+                uri, layout, *layout.byte_range(first, end), self.storage_config
+            )
             return layout.segment(first, array("q", data), start, stop)
         except StorageRetryExhaustedError:
             raise
@@ -151,8 +153,8 @@ class ShardIndexes:
         uri = index_uri(shard.uri, self.index_root)
         layout = IndexLayout(shard.records, shard.size_bytes)
         try:
-            header = _read(uri, layout, 0, HEADER.size, self.storage_config)
-            problem = layout.header_problem(header, self._version(shard))
+            header = read_index_bytes(uri, layout, 0, HEADER.size, self.storage_config)
+            problem = layout.header_problem(header, shard_version(shard, self.storage_config))
         except FileNotFoundError:
             self._remember(shard.uri, False)
             return False
@@ -165,14 +167,6 @@ class ShardIndexes:
             return False
         self._remember(shard.uri, True)
         return True
-
-    def _version(self, shard: ManifestShard) -> bytes:
-        """The version tag of the shard this consumer reads: its manifest etag (the read
-        holds the store to it), else the etag the store gives now."""
-        etag = portable_etag(shard.uri, shard.etag)
-        if not etag:
-            etag = head_object(shard.uri, storage_config=self.storage_config).etag
-        return version_tag(shard.uri, etag)
 
     def _set_unusable(self, shard: ManifestShard, uri: str, problem: str) -> None:
         with self._lock:
@@ -191,6 +185,15 @@ class ShardIndexes:
                 self._usable.popitem(last=False)
 
 
+def shard_version(shard: ManifestShard, storage_config: StorageConfig | None) -> bytes:
+    """The version tag of ``shard`` as a reader reads it: of its manifest etag (the read holds
+    the store to it), else of the etag the store gives now (one HEAD)."""
+    etag = portable_etag(shard.uri, shard.etag)
+    if not etag:
+        etag = head_object(shard.uri, storage_config=storage_config).etag
+    return version_tag(shard.uri, etag)
+
+
 def index_problem(
     shard: ManifestShard, storage_config: StorageConfig | None, index_root: str | None = None
 ) -> str | None:
@@ -205,13 +208,11 @@ def index_problem(
         data = get_object(uri, storage_config=storage_config)
     except FileNotFoundError:
         return None
-    etag = portable_etag(shard.uri, shard.etag)
-    version = version_tag(
-        shard.uri, etag or head_object(shard.uri, storage_config=storage_config).etag
-    )
-    layout = IndexLayout(shard.records, shard.size_bytes)
     if data[: len(EARLIER_MAGIC)] == EARLIER_MAGIC:
         return None
+    version = shard_version(shard, storage_config)
+    layout = IndexLayout(shard.records, shard.size_bytes)
+    etag = portable_etag(shard.uri, shard.etag)
     try:
         index = ShardIndex.parse(data, shard.records, shard.size_bytes, version)
     except ValueError as error:

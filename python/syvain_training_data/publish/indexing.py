@@ -18,6 +18,7 @@ from typing import Literal
 from syvain_training_data.errors import ObjectDataError, ShardDataError
 from syvain_training_data.formats import shard_index
 from syvain_training_data.formats.shard_index import HEADER, FrameOffsets, IndexLayout, index_uri
+from syvain_training_data.loading.shard_indexes import read_index_bytes
 from syvain_training_data.manifest import ManifestShard
 from syvain_training_data.object_check import check_head
 from syvain_training_data.storage import StorageConfig, open_stream, put_object
@@ -94,10 +95,7 @@ def _header(uri: str, layout: IndexLayout, config: StorageConfig) -> bytes | Non
     """The first bytes of the index object at ``uri`` (None: there is none); an object of
     another size is read as an empty header, one that names nothing."""
     try:
-        with open_stream(
-            uri, size_bytes=layout.object_size, end=HEADER.size, storage_config=config
-        ) as stream:
-            return b"".join(stream)
+        return read_index_bytes(uri, layout, 0, HEADER.size, config)
     except FileNotFoundError:
         return None
     except ObjectDataError:  # another size: no index of this shard
