@@ -12,10 +12,12 @@ permutation of the same records.
    batch, and per global batch (the k-th batch of every rank: 512 records).
 
 3. **Layouts** (no I/O): the seeded order of one stream over uneven layouts (65 equal shards;
-   500 shards of log-normal record counts, with and without indexes; one shard of 1,000,000
-   records among 10,000 of 100, without indexes; 100,000 shards of 20), beside one uniform
-   permutation of the same records (a sample, seeded): distinct shards per batch of 32, the
-   largest shard's share of a batch, and single-shard batches.
+   500 shards of log-normal record counts, and one shard of 1,000,000 records among 10,000 of
+   100, each with and without indexes; 100,000 shards of 20, one group; 200,000 of 20, four
+   groups), beside one uniform permutation of the same records (a sample, seeded): distinct
+   shards per batch of 32, the largest shard's share of a batch, and single-shard batches.
+   Without an index a block is a whole shard (jsonl.gz, Parquet, msgpack.zstf that other
+   writers made); with one, a block is a run of records of an indexed msgpack.zstf shard.
 
 Uniform figures of parts 1 and 2 are exact expectations (drawing without replacement), not
 samples.
@@ -126,12 +128,21 @@ def batch_figures(shards: list[int]) -> tuple[float, float, int]:
 def layouts() -> list[dict[str, Any]]:
     rng = random.Random(7)
     lognormal = [max(1, int(rng.lognormvariate(6, 1.2))) for _ in range(500)]
+    # "No index": jsonl.gz, Parquet and msgpack.zstf shards other writers made (blocks are whole
+    # shards); "indexed": msgpack.zstf shards of this package's saver or `syvain-data index`.
     cases: list[tuple[str, list[int], bool, int]] = [
         ("65 shards x 500 records", [500] * 65, False, 500),
         ("500 shards, log-normal records, no index", lognormal, False, 500),
         ("500 shards, log-normal records, indexed (blocks of 64)", lognormal, True, 64),
         ("1 shard of 1,000,000 + 10,000 of 100, no index", [1_000_000] + [100] * 10_000, False, 0),
+        (
+            "1 shard of 1,000,000 + 10,000 of 100, indexed (blocks of 2,048)",
+            [1_000_000] + [100] * 10_000,
+            True,
+            2048,
+        ),
         ("100,000 shards x 20 records", [20] * 100_000, False, 20),
+        ("200,000 shards x 20 records (4 groups of 50,000 blocks)", [20] * 200_000, False, 20),
     ]
     rows = []
     for name, counts, indexed, block in cases:

@@ -4,6 +4,7 @@ without shard indexes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -109,8 +110,9 @@ def test_every_batch_mixes_the_whole_selection_and_fetches_each_byte_once(local_
     batches = list(loader)
     assert sorted(keys(batches)) == EVERY
     distinct, largest = mix_figures(batches)
-    assert distinct >= 0.8 * UNIFORM, (distinct, UNIFORM)
-    assert largest <= 0.15
+    # Spread windows: more distinct sources than a uniform permutation's 25.3, never fewer.
+    assert distinct >= UNIFORM, (distinct, UNIFORM)
+    assert largest <= 0.1
     assert loader.stats().bytes <= 1.05 * shard_bytes(client, manifest_uri)
 
 
@@ -160,6 +162,35 @@ def test_a_state_resumes_the_seeded_order_on_another_topology(local_sources):
     assert sorted(seen + rest) == EVERY
 
 
+def test_a_state_of_the_previous_release_resumes_in_its_order(local_sources):
+    """The previous release interleaved a window's blocks uniformly: a state it saved resumes
+    that order record for record (the rest of the epoch and the epochs after it)."""
+    client, manifest_uri = local_sources["msgpack.zstf"]
+
+    def load(previous: bool) -> Any:
+        loader = client.split_data_loader(manifest_uri, as_list, {"batch_size": 16}).load(
+            "train", seed=9
+        )
+        if previous:  # what that release's loader planned
+            loader.dataset.read_plan = dataclasses.replace(loader.dataset.read_plan, spread=False)
+        return loader
+
+    whole = keys(list(load(previous=True)))
+    assert sorted(whole) == EVERY and whole != keys(list(load(previous=False)))
+    interrupted, seen = load(previous=True), []
+    for index, batch in enumerate(interrupted):
+        seen += keys([batch])
+        if index == 700:
+            break
+    resumed = load(previous=False)
+    resumed.load_state_dict(interrupted.state_dict())
+    assert seen + keys(list(resumed)) == whole
+    resumed.set_epoch(1)
+    next_epoch = load(previous=True)
+    next_epoch.set_epoch(1)
+    assert keys(list(resumed)) == keys(list(next_epoch))
+
+
 def test_jsonl_shards_without_an_index_mix_as_whole_shard_blocks(local_sources):
     client, manifest_uri = local_sources["jsonl.gz"]
     loader = client.split_data_loader(manifest_uri, as_list, {"batch_size": BATCH}).load(
@@ -168,7 +199,7 @@ def test_jsonl_shards_without_an_index_mix_as_whole_shard_blocks(local_sources):
     batches = list(loader)
     assert sorted(keys(batches)) == EVERY
     distinct, largest = mix_figures(batches)
-    assert distinct >= 0.8 * UNIFORM and largest <= 0.15
+    assert distinct >= UNIFORM and largest <= 0.1
     # One consumer reads each whole shard once.
     assert loader.stats().bytes == shard_bytes(client, manifest_uri)
 

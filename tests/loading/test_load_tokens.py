@@ -4,6 +4,7 @@ SeaweedFS, a real gloo group)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -303,3 +304,27 @@ def test_resumes_on_one_topology_keep_one_entry(token_sets, workers):
         assert [b.tolist() for b in received[rank] + rest[rank]] == [
             b.tolist() for b in whole[rank]
         ]
+
+
+def test_a_state_of_the_previous_release_resumes_in_its_order(token_sets):
+    """The previous release interleaved a window's blocks uniformly: a token state it saved
+    resumes that order, block for block."""
+    client, (uri, _) = token_sets[0], token_sets[1]["msgpack.zstf"]
+    loader = client.split_data_loader(uri, None, {"batch_size": 2})
+
+    def load(previous: bool) -> Any:
+        tokens = loader.load_tokens("train", seq_len=8, seed=3)
+        if previous:  # what that release's loader planned
+            read_plan = tokens.dataset.read_plan
+            tokens.dataset.read_plan = dataclasses.replace(read_plan, spread=False)
+        return tokens
+
+    whole = [batch.tolist() for batch in load(previous=True)]
+    assert whole != [batch.tolist() for batch in load(previous=False)]
+    interrupted = load(previous=True)
+    batches = iter(interrupted)
+    head = [next(batches).tolist() for _ in range(3)]
+    del batches
+    resumed = load(previous=False)
+    resumed.load_state_dict(json.loads(json.dumps(interrupted.state_dict())))
+    assert head + [batch.tolist() for batch in resumed] == whole

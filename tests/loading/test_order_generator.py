@@ -1,12 +1,16 @@
 """The epoch order's one generator (``syvain_core::order`` through ``_native``): permutations,
-interleavings and mixing phases equal a pure-Python reference of SplitMix64 and Fisher-Yates,
-so the order is the same on every Python version and platform; balanced windows and groups;
-a state of the earlier seeded order (Python's ``random.shuffle``) is refused by name."""
+interleavings, spread windows and mixing phases equal a pure-Python reference of SplitMix64,
+Fisher-Yates and the spread merge, so the order is the same on every Python version and
+platform; balanced windows and groups; a state of the earlier seeded order (Python's
+``random.shuffle``) is refused by name, and one of the previous release's (uniformly
+interleaved windows) resumes in its own order."""
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from array import array
+from collections import Counter
 
 import pytest
 from hypothesis import given, settings
@@ -37,6 +41,31 @@ def reference_shuffle(items: list[int], seed: int) -> list[int]:
     return items
 
 
+def reference_spread(counts: list[int], seed: int) -> list[int]:
+    """``syvain_core::order::spread_labels``: record j of block k at the key
+    (j + (phase_k + jitter) / 2) / counts[k], phases drawn in label order, each jitter when the
+    block's previous record is emitted; labels in (key, label) order."""
+    draws = splitmix64(seed)
+
+    def unit() -> float:
+        return (next(draws) >> 11) * 2.0**-53
+
+    phases = [unit() for _ in counts]
+
+    def key(record: int, label: int) -> float:
+        return (record + (phases[label] + unit()) * 0.5) / counts[label]
+
+    heap = [(key(0, label), label, 0) for label, count in enumerate(counts) if count]
+    heapq.heapify(heap)
+    labels = []
+    while heap:
+        _, label, record = heapq.heappop(heap)
+        labels.append(label)
+        if record + 1 < counts[label]:
+            heapq.heappush(heap, (key(record + 1, label), label, record + 1))
+    return labels
+
+
 def native_permutation(count: int, seed: int) -> list[int]:
     return list(array("q", _native.permutation(count, seed)))
 
@@ -48,6 +77,10 @@ def test_the_generator_is_pinned():
     assert _native.unit_draws(2, 0) == [0.8833108082136426, 0.43152799704850997]
     assert plan_seed(1, 0, 0, "shards") == 3242144543644926275
     assert list(block_order.permutation(6, 1, 0, 0, "shards")) == [2, 4, 1, 3, 0, 5]
+    assert list(memoryview(_native.spread([2, 1, 3], 7)).cast("H")) == [2, 1, 0, 2, 0, 2]
+    assert list(memoryview(_native.spread([3, 2, 4, 1], 12345)).cast("H")) == [
+        2, 0, 1, 3, 2, 0, 2, 1, 0, 2,
+    ]  # fmt: skip
 
 
 @settings(max_examples=100, deadline=None)
@@ -62,6 +95,38 @@ def test_interleavings_equal_the_reference(counts, seed):
     labels = [label for label, count in enumerate(counts) for _ in range(count)]
     found = list(memoryview(_native.interleave(counts, seed)).cast("H"))
     assert found == reference_shuffle(labels, seed)
+
+
+@settings(max_examples=100, deadline=None)
+@given(counts=st.lists(st.integers(0, 20), max_size=12), seed=st.integers(0, MASK))
+def test_spreads_equal_the_reference(counts, seed):
+    found = list(memoryview(_native.spread(counts, seed)).cast("H"))
+    assert found == reference_spread(counts, seed)
+
+
+def test_a_spread_keeps_the_counts_and_refuses_bad_ones():
+    counts = [5, 0, 17, 1, 300, 2]
+    found = memoryview(_native.spread(counts, 1)).cast("H")
+    assert Counter(found) == {k: c for k, c in enumerate(counts) if c}
+    assert _native.spread([], 0) == b""
+    with pytest.raises(ValueError, match="spread: counts\\[1\\] is -1"):
+        _native.spread([3, -1], 0)
+    with pytest.raises(ValueError, match="spread: .*2\\*\\*28"):
+        _native.spread([2**27, 2**27, 1], 0)
+
+
+def test_a_spread_window_mixes_more_blocks_per_run_than_a_uniform_interleaving():
+    """64 equal blocks: a run of 32 positions holds about 31 distinct blocks, a uniform
+    interleaving about 25.5 (and a uniform permutation of many shards 32)."""
+
+    def distinct_per_run(labels: memoryview) -> float:
+        runs = [set(labels[i : i + 32]) for i in range(0, len(labels), 32)]
+        return sum(map(len, runs)) / len(runs)
+
+    for seed in range(5):
+        spread = distinct_per_run(memoryview(_native.spread([20] * 64, seed)).cast("H"))
+        uniform = distinct_per_run(memoryview(_native.interleave([20] * 64, seed)).cast("H"))
+        assert spread >= 30.5 and uniform <= 27, (spread, uniform)
 
 
 @settings(max_examples=50, deadline=None)
@@ -118,6 +183,25 @@ def test_a_state_of_the_earlier_seeded_order_is_refused_by_name():
     # An unseeded plan's fingerprint is the earlier releases' (its states keep loading).
     unseeded = dataclasses.replace(read_plan, seed=None, window=0)
     assert unseeded.fingerprint() == unseeded.fingerprint(earlier_release=True)
+
+
+def test_a_state_of_the_previous_release_resumes_in_its_uniformly_interleaved_order():
+    read_plan = plan.ReadPlan(
+        streams=((5, 9, 3),), seed=1, window=64, identity="abc", blocks=((5, 3, 3),), indexed=True
+    )
+    previous = dataclasses.replace(read_plan, spread=False)
+    # The previous release's fingerprint of this plan (its code gave exactly this value).
+    assert previous.fingerprint() == "adfc01da48009524" != read_plan.fingerprint()
+    assert read_plan.resumed_by(read_plan.fingerprint(), plan.ReadPlan.fingerprint) is read_plan
+    assert read_plan.resumed_by(previous.fingerprint(), plan.ReadPlan.fingerprint) == previous
+    assert read_plan.resumed_by("0" * 16, plan.ReadPlan.fingerprint) is None
+    (order,) = previous.orders(0)
+    window = order.window_at(0)
+    assert window.labels is not None
+    counts = [count for _, _, count in window.blocks]
+    seed = plan_seed(1, 0, 0, "window", 0, 0)
+    assert bytes(window.labels) == _native.interleave(counts, seed)
+    assert bytes(read_plan.orders(0)[0].window_at(0).labels or b"") == _native.spread(counts, seed)
 
 
 def test_a_state_of_the_other_index_answer_is_refused_naming_the_option():

@@ -186,7 +186,8 @@ class RecordDataLoader(EpochLoader[plan.Interrupt]):
             raise ValueError(f"Not a record loader's state (kind {checks.describe(kind)})")
         selection = checks.string(checks.field(state, "selection"), "selection")
         read_plan = self.dataset.read_plan
-        if selection != read_plan.fingerprint():
+        resumed = read_plan.resumed_by(selection, plan.ReadPlan.fingerprint)
+        if resumed is None:
             raise ValueError(
                 read_plan.refusal(
                     selection,
@@ -194,6 +195,7 @@ class RecordDataLoader(EpochLoader[plan.Interrupt]):
                     "This loader state was saved for another selection, seed, shuffle or mixing",
                 )
             )
+        self.dataset.read_plan = resumed
         epoch = checks.epoch_of(state)
         interrupts = self.dataset.interrupts_from_json(checks.field(state, "interrupts"), epoch)
         # Runs on one topology at the end are one run (states of earlier versions kept an

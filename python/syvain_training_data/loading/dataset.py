@@ -311,7 +311,8 @@ class ShardDataset(IterableDataset[Any]):
             self.epoch = epoch
             return
         selection = checks.string(checks.field(state, "selection"), "selection")
-        if selection != self.read_plan.fingerprint():
+        resumed = self.read_plan.resumed_by(selection, plan.ReadPlan.fingerprint)
+        if resumed is None:
             raise ValueError(
                 self.read_plan.refusal(
                     selection,
@@ -319,6 +320,7 @@ class ShardDataset(IterableDataset[Any]):
                     "This loader state was saved for another selection or seed",
                 )
             )
+        self.read_plan = resumed
         interrupts = self.interrupts_from_json(checks.field(state, "interrupts"), epoch)
         length = plan.epoch_length(self.read_plan, epoch)
         yielded = checks.integer(checks.field(state, "yielded"), "yielded", 0, length)

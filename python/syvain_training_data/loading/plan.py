@@ -213,7 +213,9 @@ class ReadPlan:
     block of each shard of an indexed dataset; ``indexed``: the dataset has record offset
     indexes (established alike on every rank, ``loading.shard_indexes``), so a seeded order
     cuts its shards into ``blocks`` (else whole shards are blocks). The order never depends on
-    what an index holds, only on whether the dataset has them."""
+    what an index holds, only on whether the dataset has them. ``spread``: a window spreads
+    each block's records evenly over it (this release's order); False is the previous
+    release's uniform interleaving, kept so its states resume (:meth:`resumed_by`)."""
 
     streams: tuple[tuple[int, ...], ...]
     weights: tuple[float, ...] | None = None
@@ -225,6 +227,7 @@ class ReadPlan:
     blocks: tuple[tuple[int, ...], ...] | None = None
     indexed: bool = False
     schedule: tuple[tuple[int, tuple[float, ...]], ...] | None = None
+    spread: bool = True
 
     def __post_init__(self) -> None:
         if not self.streams:
@@ -257,11 +260,14 @@ class ReadPlan:
         for counts in (*self.streams, *blocks):
             digest.update(array.array("q", counts).tobytes())
             digest.update(b"/")
-        # v4 is the seeded block order of the native generator; an unseeded order is v2's, so
-        # its states still load.
+        # v5 is the seeded block order of the native generator with spread windows, v4 the
+        # same with uniformly interleaved windows; an unseeded order is v2's, so its states
+        # still load.
         version = "syvain-loader-plan-v2"
         if self.seed is not None:
-            version = "syvain-loader-plan-v3" if earlier_release else "syvain-loader-plan-v4"
+            version = "syvain-loader-plan-v5" if self.spread else "syvain-loader-plan-v4"
+            if earlier_release:
+                version = "syvain-loader-plan-v3"
         mixing: str | list[str] | None = None
         if self.schedule is not None:  # not its entries: the loader compares schedules
             mixing = "schedule"
@@ -281,6 +287,18 @@ class ReadPlan:
             fields.append(self.indexed)
         text = json.dumps(fields, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def resumed_by(self, selection: str, digest: Callable[[ReadPlan], str]) -> ReadPlan | None:
+        """The plan that resumes a state whose fingerprint is ``selection`` (``digest`` gives
+        a plan's): this one, or, for a state of the previous release's seeded order, this plan
+        with its uniformly interleaved windows; None when neither made it."""
+        if selection == digest(self):
+            return self
+        if self.seed is not None and self.spread:
+            previous = dataclasses.replace(self, spread=False)
+            if selection == digest(previous):
+                return previous
+        return None
 
     def refusal(self, selection: str, digest: Callable[[ReadPlan, bool], str], other: str) -> str:
         """Why a state whose fingerprint is ``selection`` does not resume this plan (its
@@ -312,7 +330,9 @@ class ReadPlan:
             return [StreamOrder(counts) for counts in self.streams]
         blocks = self.block_counts
         return [
-            BlockOrder(counts, blocks[number], self.seed, epoch, number, self.window)
+            BlockOrder(
+                counts, blocks[number], self.seed, epoch, number, self.window, self.spread
+            )
             for number, counts in enumerate(self.streams)
         ]
 

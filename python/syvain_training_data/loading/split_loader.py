@@ -339,8 +339,9 @@ class SplitDataLoader:
           seed: shuffle, deterministic in (seed, epoch), so that every batch mixes the whole
             selection: blocks of records (about 4 MiB of an indexed msgpack.zstf shard, else
             whole shards) are permuted, and the records of ``shuffle_buffer`` consecutive
-            blocks (default 64; 0 or 1: one block at a time) are interleaved at random, each
-            block's records staying in order. A worker reads a window's blocks at once.
+            blocks (default 64; 0 or 1: one block at a time) are interleaved, each block's
+            records staying in order and spread about evenly over the window (a seeded phase
+            and jitter). A worker reads a window's blocks at once.
           mixing_weights: curriculum mixing instead of the union: a mapping stage -> weight
             (its keys are the stages when ``curriculum_stages`` is not given), or "metadata"
             for each stage's ``weight`` metadata. Each stage keeps its share of every stretch

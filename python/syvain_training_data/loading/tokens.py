@@ -14,7 +14,6 @@ each worker, and ``state_dict`` holds those positions (never tokens).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import time
@@ -385,11 +384,15 @@ class TokenDataLoader(EpochLoader[token_plan.TokenInterrupt]):
     def _by_weights(self, state: dict[str, Any], fingerprint: str) -> bool:
         """Whether a scheduled loader resumes a state of the ``mixing_weights`` loader of its
         first entry's weights (``fingerprint``, the state's, is that loader's)."""
-        if self.dataset.read_plan.schedule is None or "schedule" in state:
+        read_plan = self.dataset.read_plan
+        if read_plan.schedule is None or "schedule" in state:
             return False
-        twin = copy.copy(self.dataset)
-        twin.read_plan = dataclasses.replace(self.dataset.read_plan, schedule=None)
-        return fingerprint == twin.fingerprint()
+        resumed = dataclasses.replace(read_plan, schedule=None).resumed_by(
+            fingerprint, self.dataset.fingerprint
+        )
+        if resumed is not None and resumed.spread != read_plan.spread:
+            self.dataset.read_plan = dataclasses.replace(read_plan, spread=resumed.spread)
+        return resumed is not None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Makes the next pass the rest of the epoch ``state`` was taken in, on this loader's
@@ -407,7 +410,10 @@ class TokenDataLoader(EpochLoader[token_plan.TokenInterrupt]):
         ):
             raise ValueError("Not a token loader state (state_dict of a load_tokens loader)")
         selection = checks.string(checks.field(state, "selection"), "selection")
-        ours = selection == self.dataset.fingerprint()
+        resumed = self.dataset.read_plan.resumed_by(selection, self.dataset.fingerprint)
+        ours = resumed is not None
+        if resumed is not None:
+            self.dataset.read_plan = resumed
         by_weights = not ours and self._by_weights(state, selection)
         if not ours and not by_weights:
             raise ValueError(

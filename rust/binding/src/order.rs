@@ -4,7 +4,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use syvain_core::error::NativeError;
-use syvain_core::order::{interleave_labels, permutation as permute, unit_floats};
+use syvain_core::order::{interleave_labels, permutation as permute, spread_labels, unit_floats};
 
 use crate::error::BindingResult;
 
@@ -16,10 +16,10 @@ pub const MAX_TOTAL: u64 = 1 << 28;
 pub const MAX_ITEMS: u64 = 1 << 28;
 
 /// Checks the counts: at most 65536 labels, none negative, at most 2**28 in all.
-fn checked_counts(counts: &[i64]) -> Result<Vec<u64>, NativeError> {
+fn checked_counts(what: &str, counts: &[i64]) -> Result<Vec<u64>, NativeError> {
     if counts.len() > MAX_LABELS {
         return Err(NativeError::Config(format!(
-            "interleave: {} counts; at most {MAX_LABELS} labels fit in u16",
+            "{what}: {} counts; at most {MAX_LABELS} labels fit in u16",
             counts.len()
         )));
     }
@@ -28,13 +28,13 @@ fn checked_counts(counts: &[i64]) -> Result<Vec<u64>, NativeError> {
     for (label, &count) in counts.iter().enumerate() {
         let Ok(count) = u64::try_from(count) else {
             return Err(NativeError::Config(format!(
-                "interleave: counts[{label}] is {count}; counts must be >= 0"
+                "{what}: counts[{label}] is {count}; counts must be >= 0"
             )));
         };
         total = total.saturating_add(count);
         if total > MAX_TOTAL {
             return Err(NativeError::Config(format!(
-                "interleave: the counts sum to more than {MAX_TOTAL} (2**28)"
+                "{what}: the counts sum to more than {MAX_TOTAL} (2**28)"
             )));
         }
         checked.push(count);
@@ -43,16 +43,37 @@ fn checked_counts(counts: &[i64]) -> Result<Vec<u64>, NativeError> {
 }
 
 /// `sum(counts)` little-endian u16 labels, label k exactly `counts[k]` times, in a uniformly
-/// random order that depends only on `(counts, seed)`.
+/// random order that depends only on `(counts, seed)` (the earlier seeded order's windows).
 #[pyfunction]
 pub fn interleave<'py>(
     py: Python<'py>,
     counts: Vec<i64>,
     seed: u64,
 ) -> BindingResult<Bound<'py, PyBytes>> {
-    let counts = checked_counts(&counts)?;
+    labels_bytes(py, "interleave", &counts, seed, interleave_labels)
+}
+
+/// As [`interleave`], with each label's occurrences spread about evenly over the output
+/// (`syvain_core::order::spread_labels`): the windows of the seeded order.
+#[pyfunction]
+pub fn spread<'py>(
+    py: Python<'py>,
+    counts: Vec<i64>,
+    seed: u64,
+) -> BindingResult<Bound<'py, PyBytes>> {
+    labels_bytes(py, "spread", &counts, seed, spread_labels)
+}
+
+fn labels_bytes<'py>(
+    py: Python<'py>,
+    what: &str,
+    counts: &[i64],
+    seed: u64,
+    labels: fn(&[u64], u64) -> Vec<u16>,
+) -> BindingResult<Bound<'py, PyBytes>> {
+    let counts = checked_counts(what, counts)?;
     let bytes: Vec<[u8; 2]> = crate::exiting::without_gil(py, || {
-        interleave_labels(&counts, seed)
+        labels(&counts, seed)
             .into_iter()
             .map(u16::to_le_bytes)
             .collect()
@@ -92,6 +113,7 @@ pub fn unit_draws(count: u64, seed: u64) -> BindingResult<Vec<f64>> {
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(interleave, m)?)?;
+    m.add_function(wrap_pyfunction!(spread, m)?)?;
     m.add_function(wrap_pyfunction!(permutation, m)?)?;
     m.add_function(wrap_pyfunction!(unit_draws, m)?)?;
     Ok(())
@@ -103,11 +125,11 @@ mod tests {
 
     #[test]
     fn bad_counts_are_refused() {
-        assert!(checked_counts(&[1, -1]).is_err());
-        assert!(checked_counts(&vec![0; MAX_LABELS + 1]).is_err());
-        assert!(checked_counts(&vec![0; MAX_LABELS]).is_ok());
-        assert!(checked_counts(&[1 << 27, 1 << 27]).is_ok());
-        assert!(checked_counts(&[1 << 27, 1 << 27, 1]).is_err());
-        assert!(checked_counts(&[i64::MAX, i64::MAX]).is_err());
+        assert!(checked_counts("interleave", &[1, -1]).is_err());
+        assert!(checked_counts("interleave", &vec![0; MAX_LABELS + 1]).is_err());
+        assert!(checked_counts("interleave", &vec![0; MAX_LABELS]).is_ok());
+        assert!(checked_counts("interleave", &[1 << 27, 1 << 27]).is_ok());
+        assert!(checked_counts("interleave", &[1 << 27, 1 << 27, 1]).is_err());
+        assert!(checked_counts("interleave", &[i64::MAX, i64::MAX]).is_err());
     }
 }

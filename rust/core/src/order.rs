@@ -66,6 +66,44 @@ pub fn interleave_labels(counts: &[u64], seed: u64) -> Vec<u16> {
     labels
 }
 
+/// The labels `[0]*counts[0] + [1]*counts[1] + ...` spread so each block's records sit about
+/// evenly over the window: record j of block k gets the key
+/// `(j + (phase_k + jitter) / 2) / counts[k]`, and the labels come out in key order (ties by
+/// label). `phase_k` (one draw per block, in label order) places the block in a round;
+/// `jitter` (one draw per record, taken when the previous record of its block is emitted)
+/// moves each record within half a round, so consecutive records of a block stay at least
+/// half a round apart and the blocks' order varies from round to round. Any run of positions
+/// then draws from its blocks in proportion to their sizes, with less spread than a uniform
+/// interleaving (whose runs of 32 among 64 equal blocks repeat a block about 6 times).
+pub fn spread_labels(counts: &[u64], seed: u64) -> Vec<u16> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+
+    let mut rng = SplitMix64::new(seed);
+    let phases: Vec<f64> = counts.iter().map(|_| rng.unit()).collect();
+    // Keys are finite and >= 0, so their bit patterns order as the floats do.
+    let key = |record: u64, label: usize, rng: &mut SplitMix64| -> u64 {
+        let offset = (phases[label] + rng.unit()) * 0.5;
+        ((record as f64 + offset) / counts[label] as f64).to_bits()
+    };
+    let mut heap = BinaryHeap::with_capacity(counts.len());
+    for (label, &count) in counts.iter().enumerate() {
+        if count > 0 {
+            heap.push(Reverse((key(0, label, &mut rng), label as u16, 0u64)));
+        }
+    }
+    let total: u64 = counts.iter().sum();
+    let mut labels = Vec::with_capacity(total as usize);
+    while let Some(Reverse((_, label, record))) = heap.pop() {
+        labels.push(label);
+        let next = record + 1;
+        if next < counts[label as usize] {
+            heap.push(Reverse((key(next, label as usize, &mut rng), label, next)));
+        }
+    }
+    labels
+}
+
 /// `count` floats in [0, 1) drawn from `seed` (mixing phases).
 pub fn unit_floats(count: usize, seed: u64) -> Vec<f64> {
     let mut rng = SplitMix64::new(seed);
@@ -117,6 +155,25 @@ mod tests {
     }
 
     #[test]
+    fn the_spread_is_pinned_and_spreads() {
+        // Saved epoch orders depend on this exact output: it must never change.
+        assert_eq!(spread_labels(&[2, 1, 3], 7), PINNED_SPREAD_7);
+        assert_eq!(spread_labels(&[], 7), Vec::<u16>::new());
+        assert_eq!(spread_labels(&[0, 1, 0], 99), [1]);
+        // 64 equal blocks: a run of 32 positions holds about 31 distinct blocks (a uniform
+        // interleaving about 25.5).
+        let labels = spread_labels(&[20; 64], 3);
+        let distinct: usize = labels
+            .chunks(32)
+            .map(|run| run.iter().collect::<std::collections::HashSet<_>>().len())
+            .sum();
+        let mean = distinct as f64 / 40.0;
+        assert!(mean > 30.0, "{mean}");
+    }
+
+    const PINNED_SPREAD_7: [u16; 6] = [2, 1, 0, 2, 0, 2];
+
+    #[test]
     fn the_permutation_is_pinned() {
         // As above: these vectors are saved epoch orders.
         assert_eq!(permutation(10, 42), PINNED_PERMUTATION_10_SEED_42);
@@ -159,5 +216,13 @@ mod tests {
             }
         }
         assert_ne!(interleave_labels(&counts, 1), interleave_labels(&counts, 2));
+        for seed in [0, 1, 7, u64::MAX] {
+            let labels = spread_labels(&counts, seed);
+            for (label, &count) in counts.iter().enumerate() {
+                let seen = labels.iter().filter(|&&l| l as usize == label).count();
+                assert_eq!(seen as u64, count, "label {label}, seed {seed}");
+            }
+        }
+        assert_ne!(spread_labels(&counts, 1), spread_labels(&counts, 2));
     }
 }
