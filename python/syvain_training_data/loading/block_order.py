@@ -28,13 +28,13 @@ Every permutation and interleaving comes from one pinned generator in the native
 (``syvain_core::order``: SplitMix64 and Fisher-Yates), seeded by the SHA-256 of the decision's
 name (:func:`plan_seed`), so the order is the same on every Python version and platform.
 
-Any stretch of a window then draws from ``window`` blocks spread over the whole group, as
-a uniform permutation of the group would or with more distinct blocks. Because interleaving keeps each block's order,
-the positions [a, b) of a window hold a contiguous run of records of each of its blocks: a
-consumer reads one range per block, concurrently, and a part that starts inside a window
-fetches only its own records (through the index). Planning costs one pass over the shards per
-epoch and one pass over a group's blocks when a consumer first reaches the group; a window's
-interleaving is computed when it is read.
+Any stretch of a window then draws from ``window`` blocks spread over the whole group, as a
+uniform permutation of the group would or with more distinct blocks. Because interleaving
+keeps each block's order, the positions [a, b) of a window hold a contiguous run of records
+of each of its blocks: a consumer reads one range per block, concurrently, and a part that
+starts inside a window fetches only its own records (through the index). Planning costs one
+pass over the shards per epoch and one pass over a group's blocks when a consumer first
+reaches the group; a window's interleaving is computed when it is read.
 """
 
 from __future__ import annotations

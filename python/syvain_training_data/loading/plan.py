@@ -330,9 +330,7 @@ class ReadPlan:
             return [StreamOrder(counts) for counts in self.streams]
         blocks = self.block_counts
         return [
-            BlockOrder(
-                counts, blocks[number], self.seed, epoch, number, self.window, self.spread
-            )
+            BlockOrder(counts, blocks[number], self.seed, epoch, number, self.window, self.spread)
             for number, counts in enumerate(self.streams)
         ]
 
