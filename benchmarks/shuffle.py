@@ -5,7 +5,9 @@
    unseeded and seeded (best of --repeat epochs), and their ratio.
 2. **Bytes and requests**: per epoch, the bytes the consumers' streams received
    (`loader.stats().bytes`, index reads included) over the shards' bytes, and the range reads
-   (`shard_opens`) per GB, at 1, 4 and 16 consumers (ranks of 1 worker), unseeded and seeded.
+   (`shard_opens`) per GB, at 1, 4 and 16 consumers (ranks of 1 worker), unseeded and seeded,
+   from SeaweedFS, for each format (msgpack.zstf with the saver's indexes, jsonl.gz, Parquet),
+   over 16 equal shards (2,000 records each) and 16 unequal ones (125 to 8,000 records).
 3. **Memory**: a local dataset of 10,000 shards (x 40 records of 2 KB), loaded seeded with 2
    workers: each worker's peak resident memory (VmHWM) and the main process's, beside the same
    unseeded.
@@ -46,8 +48,13 @@ def text_records(count: int, seed: int) -> list[dict[str, Any]]:
     ]
 
 
-def publish(client: SyvainTrainingData, uri: str, shards: list[list[dict[str, Any]]]) -> int:
-    saver = client.dataset_saver(uri, data_format="msgpack.zstf")
+def publish(
+    client: SyvainTrainingData,
+    uri: str,
+    shards: list[list[dict[str, Any]]],
+    data_format: str = "msgpack.zstf",
+) -> int:
+    saver = client.dataset_saver(uri, data_format=data_format)  # type: ignore[arg-type]
     for index, records in enumerate(shards):
         saver.save("train", None, records, shard_id=f"{index:05d}")
     manifest = saver.commit_manifest()
@@ -130,20 +137,49 @@ def memory(root: str, seed: int | None) -> dict[str, Any]:
     }
 
 
+def bytes_rows(client: SyvainTrainingData, root: str, store: str) -> None:
+    """Part 2: bytes and range reads per epoch, per format and layout."""
+    layouts = {
+        "equal": [2000] * SHARDS,
+        "unequal": [125 * 2 ** (i % 7) for i in range(SHARDS)],  # 125 to 8,000 records
+    }
+    for layout, counts in layouts.items():
+        shards = [text_records(count, seed) for seed, count in enumerate(counts)]
+        for data_format in ("msgpack.zstf", "jsonl.gz", "parquet"):
+            uri = f"{root}/bytes-{layout}-{data_format}/data-manifest.json"
+            size = publish(client, uri, shards, data_format)
+            for consumers in (1, 4, 16):
+                for seed in (None, 0):
+                    received, opens = fetched(client, uri, consumers, seed)
+                    line = {
+                        "case": f"bytes, {store}, {data_format}, {layout} shards, "
+                        f"{consumers} consumers",
+                        "seed": seed,
+                        "dataset_mb": round(size / 1e6, 1),
+                        "fetched_over_shard_bytes": round(received / size, 4),
+                        "range_reads_per_gb": round(opens / (size / 1e9)),
+                    }
+                    print(json.dumps(line), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records-per-shard", type=int, default=8000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--bytes-only", action="store_true", help="only part 2")
     options = parser.parse_args()
-    shards = [text_records(options.records_per_shard, seed) for seed in range(SHARDS)]
     with tempfile.TemporaryDirectory() as root, start_seaweed(buckets=("bench",)) as server:
         s3 = SyvainTrainingData(**storage_options(server))
+        bytes_rows(s3, "s3://bench", "seaweedfs")
+        if options.bytes_only:
+            return
+        shards = [text_records(options.records_per_shard, seed) for seed in range(SHARDS)]
         stores = (
             ("local", SyvainTrainingData(), f"file://{root}/data/data-manifest.json"),
             ("seaweedfs", s3, "s3://bench/data/data-manifest.json"),
         )
         for store, client, uri in stores:
-            size = publish(client, uri, shards)
+            publish(client, uri, shards)
             for workers in (0, 2):
                 plain, seeded = rates(client, uri, workers, options.repeat)
                 line = {
@@ -153,17 +189,6 @@ def main() -> None:
                     "seeded_over_unseeded": round(seeded / plain, 3),
                 }
                 print(json.dumps(line), flush=True)
-            for consumers in (1, 4, 16):
-                for seed in (None, 0):
-                    received, opens = fetched(client, uri, consumers, seed)
-                    line = {
-                        "case": f"bytes, {store}, {consumers} consumers",
-                        "seed": seed,
-                        "dataset_mb": round(size / 1e6, 1),
-                        "fetched_over_shard_bytes": round(received / size, 4),
-                        "range_reads_per_gb": round(opens / (size / 1e9)),
-                    }
-                    print(json.dumps(line), flush=True)
         for seed in (None, 0):
             print(json.dumps(memory(root, seed)), flush=True)
 

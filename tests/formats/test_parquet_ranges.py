@@ -162,6 +162,39 @@ def test_an_s3_shard_is_read_in_place_fetching_only_what_is_decoded(
     assert opened[-1].fetched <= ids + 64 * 1024 + 8, (opened[-1].fetched, ids, len(data))
 
 
+def test_a_whole_read_fetches_each_byte_once_and_a_range_stops_at_its_row_groups(
+    seaweed, s3_bucket, unique_prefix, monkeypatch
+):
+    """The footer read is kept, so the column chunks it covers are not fetched again (a small
+    shard was 1.07x its bytes); a range read fetches no row group past its end, however far
+    the decoder reads ahead."""
+    from syvain_training_data.formats.parquet import ranged_file
+
+    config = config_for(seaweed)
+    rng = random.Random(1)
+    records = [{"id": i, "text": rng.randbytes(200).hex()} for i in range(RANGE_ROWS)]
+    sink = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(records), sink, row_group_size=GROUP_ROWS)
+    data = sink.getvalue()
+    shard = publish(f"s3://{s3_bucket}/{unique_prefix}/w.parquet", data, config, RANGE_ROWS)
+    opened: list[ranged_file.RangedFile] = []
+    real = ranged_file.RangedFile.__init__
+
+    def tracked(self: Any, *args: Any) -> None:
+        real(self, *args)
+        opened.append(self)
+
+    monkeypatch.setattr(ranged_file.RangedFile, "__init__", tracked)
+    assert list(iter_parquet_shard(shard, storage_config=config)) == records
+    assert opened[-1].fetched <= len(data), (opened[-1].fetched, len(data))
+    assert list(iter_parquet_shard(shard, storage_config=config, start=0, stop=15)) == records[:15]
+    second = pq.ParquetFile(io.BytesIO(data)).metadata.row_group(1)
+    chunks = [second.column(c) for c in range(second.num_columns)]
+    group_0_end = min(c.dictionary_page_offset or c.data_page_offset for c in chunks)
+    footer = 64 * 1024 + 8
+    assert opened[-1].fetched <= group_0_end + footer, (opened[-1].fetched, group_0_end)
+
+
 _KILLED_READER = """
 import sys
 from syvain_training_data import ManifestShard, SyvainTrainingData

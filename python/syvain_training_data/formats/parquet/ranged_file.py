@@ -3,6 +3,10 @@ ranged GET of the bytes pyarrow asks for (the footer, then the column chunks of 
 and columns it decodes), so no temporary file is written and the row groups before a range,
 or columns not selected, are never fetched.
 
+The file's tail (the footer, and for a small file all of it) is kept once fetched, so the
+column chunks pyarrow reads from it later are not fetched twice (a 64 KiB footer read of a
+1 MB shard was 7 % more bytes).
+
 Each read holds the object to one version (If-Match on the manifest's etag, else on the etag a
 HEAD found when the file was opened) and is resumed by the store's stream after transient
 failures; the streams count where the read that opened the file counts (``stats()``), also
@@ -21,6 +25,10 @@ from syvain_training_data.storage import StorageConfig
 from syvain_training_data.uris import portable_etag
 
 __all__ = ["RangedFile"]
+
+#: The most bytes at the file's end kept for later reads (pyarrow's footer reads are 64 KiB,
+#: more for a large footer).
+TAIL_BYTES = 1024 * 1024
 
 
 class RangedFile(io.RawIOBase):
@@ -44,6 +52,8 @@ class RangedFile(io.RawIOBase):
                 f"size mismatch: the object has {info.size} bytes but size_bytes is {self.size}",
             )
         self.etag = etag or info.etag or None
+        # (first byte, bytes) of the file's last bytes fetched, when at most TAIL_BYTES.
+        self._tail: tuple[int, bytes] = (self.size, b"")
 
     def readable(self) -> bool:
         return True
@@ -79,12 +89,20 @@ class RangedFile(io.RawIOBase):
         return self.read(-1)
 
     def _fetch(self, start: int, end: int) -> bytes:
+        tail_start, tail = self._tail
+        if end > tail_start:  # served, in whole or in part, from the kept tail
+            kept = tail[max(start, tail_start) - tail_start : end - tail_start]
+            return (self._fetch(start, tail_start) if start < tail_start else b"") + kept
         self.reads += 1
         self.fetched += end - start
         if self._counters is not None:
             with self._counters:
-                return self._get(start, end)
-        return self._get(start, end)
+                data = self._get(start, end)
+        else:
+            data = self._get(start, end)
+        if end == self.size and end - start <= TAIL_BYTES and start < tail_start:
+            self._tail = (start, data)
+        return data
 
     def _get(self, start: int, end: int) -> bytes:
         try:

@@ -122,7 +122,9 @@ def _iter_batches(
     with _open_source(shard, storage_config) as source:
         local_etag = _check_local(shard, storage_config)
         position = start
-        batches = _arrow_batches(pq, source, shard.uri, start, batch_rows, columns)
+        # Up to the declared end, every row group is read: rows past it are an error.
+        last = None if stop == shard.records else stop
+        batches = _arrow_batches(pq, source, shard.uri, start, last, batch_rows, columns)
         try:
             for batch in batches:
                 room = stop - position
@@ -229,13 +231,15 @@ def _arrow_batches(
     source: Any,
     uri: str,
     start: int,
+    stop: int | None,
     batch_rows: int | None,
     columns: list[str] | None,
 ) -> Generator[Any]:
     """Arrow batches of a Parquet file (a path or a pyarrow readable) from row ``start``, of
     ``batch_rows`` rows (None: about DECODE_BATCH_BYTES each), decoding only the file's
-    columns among ``columns`` (None: all): whole row groups before ``start`` are skipped from
-    the metadata, undecoded; pyarrow errors become RuntimeError."""
+    columns among ``columns`` (None: all): whole row groups before ``start``, and from
+    ``stop`` on (None: none), are skipped from the metadata, never fetched nor decoded;
+    pyarrow errors become RuntimeError."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -260,7 +264,7 @@ def _arrow_batches(
 
     with contextlib.closing(parquet):
         try:
-            groups, skip = _row_groups_from(parquet.metadata, start)
+            groups, skip = _row_groups_within(parquet.metadata, start, stop)
             if not groups:
                 return
             rows = batch_rows or _decode_batch_rows(parquet)
@@ -297,16 +301,21 @@ def _arrow_batches(
                 yield from bounds.bounded_pieces(pa, pc, batch, plain_schema, oversized)
 
 
-def _row_groups_from(metadata: Any, start: int) -> tuple[list[int], int]:
-    """The row groups holding row ``start`` and after, and how many rows of the first of them
-    come before ``start``."""
-    first_row = 0
+def _row_groups_within(metadata: Any, start: int, stop: int | None) -> tuple[list[int], int]:
+    """The row groups holding rows ``[start, stop)`` (``stop`` None: to the file's end), and
+    how many rows of the first of them come before ``start``. A range read stops before the
+    next row group, so the decoder's read-ahead never fetches one it does not need."""
+    groups, skip, first_row = [], 0, 0
     for index in range(metadata.num_row_groups):
         rows = metadata.row_group(index).num_rows
+        if stop is not None and first_row >= stop:
+            break
         if first_row + rows > start:
-            return list(range(index, metadata.num_row_groups)), start - first_row
+            if not groups:
+                skip = start - first_row
+            groups.append(index)
         first_row += rows
-    return [], 0
+    return groups, skip
 
 
 def _decode_batch_rows(parquet: Any) -> int:
