@@ -10,6 +10,7 @@ bounds every field before using it (:mod:`~syvain_training_data.loading.state`).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import weakref
 from collections.abc import Iterator
@@ -17,7 +18,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from syvain_training_data.loading import plan
+from syvain_training_data.loading import plan, record_plan
+from syvain_training_data.loading import schedule as schedules
 from syvain_training_data.loading import state as checks
 from syvain_training_data.loading.dataset import ShardDataset
 from syvain_training_data.loading.stats import ConsumerSlots, LoaderStats, StatsClock
@@ -120,13 +122,18 @@ class RecordDataLoader(EpochLoader[plan.Interrupt]):
     ``state_dict`` / ``load_state_dict`` follow torchdata's protocol and resume on any number
     of ranks and workers and any batch size."""
 
+    # With a mixing schedule: the segments the runs of a resumed state were laid out with.
+    _segments: tuple[int, ...] | None = None
+
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         started = time.perf_counter()
+        segments = self._segments if self._resume else None
         epoch, interrupts = self._begin_pass()
-        self.dataset.interrupts = interrupts
+        self.dataset.interrupts, self.dataset.segments = interrupts, segments
         progress: dict[str, Any] = {
             "epoch": epoch,
             "interrupts": interrupts,
+            "segments": segments,
             "batches": 0,
             "finished": False,
         }
@@ -139,7 +146,8 @@ class RecordDataLoader(EpochLoader[plan.Interrupt]):
 
     def __len__(self) -> int:
         """Batches this rank yields in the next pass."""
-        return self.dataset.rank_batches(self.num_workers, self._next_epoch, self._resume)
+        segments = self._segments if self._resume else None
+        return self.dataset.rank_batches(self.num_workers, self._next_epoch, self._resume, segments)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain JSON data of at most a few hundred bytes (4 KiB at most), holding no records.
@@ -148,12 +156,14 @@ class RecordDataLoader(EpochLoader[plan.Interrupt]):
         more than ``MAX_INTERRUPTS`` topologies in turn."""
         progress = self._pass
         interrupts: tuple[plan.Interrupt, ...]
+        segments: tuple[int, ...] | None = None
         if progress is None:
             epoch, interrupts = self._next_epoch, self._resume
+            segments = self._segments if interrupts else None
         elif progress["finished"]:
             epoch, interrupts = progress["epoch"] + 1, ()
         else:
-            epoch = progress["epoch"]
+            epoch, segments = progress["epoch"], progress["segments"]
             now = plan.Interrupt(self._topology, progress["batches"])
             interrupts = plan.appended(progress["interrupts"], now)
         problem = plan.beyond_bounds([i.topology for i in interrupts])
@@ -166,6 +176,7 @@ class RecordDataLoader(EpochLoader[plan.Interrupt]):
             "selection": self.dataset.read_plan.fingerprint(),
             "epoch": epoch,
             "interrupts": [interrupt.to_json() for interrupt in interrupts],
+            **schedules.state_fields(self.dataset.read_plan, epoch, segments),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -187,6 +198,15 @@ class RecordDataLoader(EpochLoader[plan.Interrupt]):
         selection = checks.string(checks.field(state, "selection"), "selection")
         read_plan = self.dataset.read_plan
         resumed = read_plan.resumed_by(selection, plan.ReadPlan.fingerprint)
+        weights_state = resumed is None and "schedule" not in state
+        if weights_state and read_plan.schedule is not None:
+            # A scheduled loader resumes a state of the mixing_weights loader of its first
+            # entry's weights: that epoch was one segment of those weights.
+            resumed = dataclasses.replace(read_plan, schedule=None).resumed_by(
+                selection, plan.ReadPlan.fingerprint
+            )
+            if resumed is not None:
+                resumed = dataclasses.replace(read_plan, spread=resumed.spread)
         if resumed is None:
             raise ValueError(
                 read_plan.refusal(
@@ -198,14 +218,49 @@ class RecordDataLoader(EpochLoader[plan.Interrupt]):
         self.dataset.read_plan = resumed
         epoch = checks.epoch_of(state)
         interrupts = self.dataset.interrupts_from_json(checks.field(state, "interrupts"), epoch)
+        segments = self._resumed_segments(state, epoch, interrupts, weights_state)
         # Runs on one topology at the end are one run (states of earlier versions kept an
         # entry per run): exact, as no run has been laid out after them yet.
         interrupts = plan.merged_tail(interrupts)
-        if interrupts and self.dataset.left_in_epoch(self.num_workers, epoch, interrupts) == 0:
+        if interrupts and not self.dataset.left_in_epoch(
+            self.num_workers, epoch, interrupts, segments
+        ):
             epoch, interrupts = epoch + 1, ()  # nothing of that epoch is left
+        self._segments = segments if interrupts else None
         self._next_epoch, self._resume = epoch, interrupts
         self._pass = None
         self._iterator = None
+
+    def _resumed_segments(
+        self,
+        state: dict[str, Any],
+        epoch: int,
+        interrupts: tuple[plan.Interrupt, ...],
+        weights_state: bool,
+    ) -> tuple[int, ...] | None:
+        """With a mixing schedule, the segments the state's runs were laid out with (a
+        ``mixing_weights`` state's: one, its epoch's length), checked field by field, after
+        checking that this loader's schedule differs from the state's only after every
+        position those runs consumed (:func:`~.schedule.check_consumed`); None without one."""
+        read_plan = self.dataset.read_plan
+        if read_plan.schedule is None:
+            return None
+        segments: tuple[int, ...]
+        if weights_state:
+            weights = dataclasses.replace(read_plan, schedule=None)
+            old, segments = read_plan.schedule[:1], (plan.epoch_length(weights, epoch),)
+        else:
+            streams = len(read_plan.streams)
+            old = schedules.schedule_from_json(checks.field(state, "schedule"), streams)
+            records = sum(read_plan.totals())
+            segments = schedules.segments_from_json(checks.field(state, "segments"), records)
+        if interrupts and schedules.first_difference(old, read_plan.schedule) is not None:
+            left = record_plan.left_positions(
+                read_plan, segments[-1], interrupts, self._topology, (0, *segments)
+            )
+            consumed = schedules.last_consumed(segments[-1], left)
+            schedules.check_consumed(old, read_plan.schedule, consumed)
+        return segments
 
 
 def _counted(batches: Iterator[Any], progress: dict[str, Any]) -> Iterator[Any]:

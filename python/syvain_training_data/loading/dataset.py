@@ -17,6 +17,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from syvain_training_data.formats.registry import FORMATS
 from syvain_training_data.formats.shard_index import Segment
 from syvain_training_data.loading import plan, record_plan
+from syvain_training_data.loading import schedule as schedules
 from syvain_training_data.loading import state as checks
 from syvain_training_data.loading.reader import ShardRange, consumer_records
 from syvain_training_data.loading.shard_indexes import ShardIndexes
@@ -107,6 +108,9 @@ class ShardDataset(IterableDataset[Any]):
         self.drop_last = drop_last
         self.epoch = 0
         self.interrupts: tuple[plan.Interrupt, ...] = ()
+        # With a mixing schedule: the segments the interrupted runs were laid out with (None: the
+        # epoch's own), set with ``interrupts``.
+        self.segments: tuple[int, ...] | None = None
         self._skip: dict[str, Any] | None = None
         self._progress: dict[str, Any] | None = None
         # Where each consumer counts its reads (the loader gives one row per worker).
@@ -148,28 +152,69 @@ class ShardDataset(IterableDataset[Any]):
                 checks.integer(interrupt.batches, f"interrupts[{index}][4] (batches)", 0, length)
         return interrupts
 
-    def left_in_epoch(self, workers: int, epoch: int, interrupts: Sequence[plan.Interrupt]) -> int:
-        """Records all ranks read in a pass of ``epoch`` after ``interrupts``."""
-        length = plan.epoch_length(self.read_plan, epoch)
-        return record_plan.left_in_epoch(self.read_plan, length, interrupts, self.topology(workers))
+    def extent(
+        self, epoch: int, segments: Sequence[int] | None
+    ) -> tuple[int, tuple[int, ...] | None]:
+        """(the length a pass of ``epoch`` is laid out over, the boundaries it is laid out by):
+        with a mixing schedule, segment by segment with ``segments`` (a resumed state's; None:
+        the epoch's own); otherwise the epoch's length and no boundaries."""
+        if self.read_plan.schedule is None:
+            return plan.epoch_length(self.read_plan, epoch), None
+        segments = tuple(segments or schedules.epoch_segments(self.read_plan, epoch))
+        return segments[-1], (0, *segments)
 
-    def rank_batches(self, workers: int, epoch: int, interrupts: Sequence[plan.Interrupt]) -> int:
+    def _clipped(self, epoch: int, intervals: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """``intervals`` within the epoch's order: a resumed schedule's layout may be longer
+        than the order of an edited schedule (parts are ascending, so a prefix of each stays)."""
+        end = plan.epoch_length(self.read_plan, epoch)
+        return [(a, min(b, end)) for a, b in intervals if a < end]
+
+    def left_in_epoch(
+        self,
+        workers: int,
+        epoch: int,
+        interrupts: Sequence[plan.Interrupt],
+        segments: Sequence[int] | None = None,
+    ) -> int:
+        """Records all ranks read in a pass of ``epoch`` after ``interrupts``."""
+        length, boundaries = self.extent(epoch, segments)
+        left = record_plan.left_positions(
+            self.read_plan, length, interrupts, self.topology(workers), boundaries
+        )
+        return sum(b - a for a, b in self._clipped(epoch, left))
+
+    def rank_batches(
+        self,
+        workers: int,
+        epoch: int,
+        interrupts: Sequence[plan.Interrupt],
+        segments: Sequence[int] | None = None,
+    ) -> int:
         """Batches this rank yields in a pass of ``epoch`` after ``interrupts``."""
-        length = plan.epoch_length(self.read_plan, epoch)
+        length, boundaries = self.extent(epoch, segments)
         topology = self.topology(workers)
-        return record_plan.rank_batches(self.read_plan, length, interrupts, topology, self.rank)
+        layout = record_plan.run_layout(
+            self.read_plan, length, interrupts, topology, self.rank, boundaries
+        )
+        sizes = [sum(b - a for a, b in self._clipped(epoch, part)) for part in layout[self.rank]]
+        return sum(plan.batch_count(n, topology.batch_size, topology.drop_last) for n in sizes)
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        epoch, interrupts, skip = self.epoch, self.interrupts, 0
+        epoch, interrupts, segments, skip = self.epoch, self.interrupts, self.segments, 0
         if self._skip is not None:  # a torchdata worker state
             epoch, interrupts = self._skip["epoch"], self._skip["interrupts"]
-            skip = self._skip["yielded"]
+            segments, skip = self._skip["segments"], self._skip["yielded"]
             self._skip = None
         # A persistent worker's copy advances one epoch per pass, like the loader.
-        self.epoch, self.interrupts = epoch + 1, ()
-        progress = {"epoch": epoch, "interrupts": interrupts, "yielded": skip}
+        self.epoch, self.interrupts, self.segments = epoch + 1, (), None
+        progress = {
+            "epoch": epoch,
+            "interrupts": interrupts,
+            "segments": segments,
+            "yielded": skip,
+        }
         self._progress = progress
         return self._records(progress, worker, workers, skip)
 
@@ -177,11 +222,17 @@ class ShardDataset(IterableDataset[Any]):
         self, progress: dict[str, Any], worker: int, workers: int, skip: int
     ) -> Iterator[Any]:
         epoch, interrupts = progress["epoch"], progress["interrupts"]
-        length = plan.epoch_length(self.read_plan, epoch)
+        length, boundaries = self.extent(epoch, progress["segments"])
         part = record_plan.consumer_part(
-            self.read_plan, length, interrupts, self.topology(workers), self.rank, worker
+            self.read_plan,
+            length,
+            interrupts,
+            self.topology(workers),
+            self.rank,
+            worker,
+            boundaries,
         )
-        intervals = plan.Level(part).slice(skip, length)
+        intervals = plan.Level(self._clipped(epoch, part)).slice(skip, length)
         orders = self.read_plan.orders(epoch)
         mixed = self.read_plan.mixed(epoch)
         counters = self.counters.consumer(worker, progress["yielded"])
@@ -289,6 +340,7 @@ class ShardDataset(IterableDataset[Any]):
             "interrupts": [i.to_json() for i in progress["interrupts"]],
             "yielded": progress["yielded"],
             "started": True,
+            **schedules.state_fields(self.read_plan, progress["epoch"], progress["segments"]),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -322,10 +374,19 @@ class ShardDataset(IterableDataset[Any]):
             )
         self.read_plan = resumed
         interrupts = self.interrupts_from_json(checks.field(state, "interrupts"), epoch)
-        length = plan.epoch_length(self.read_plan, epoch)
+        segments = None
+        if self.read_plan.schedule is not None:  # this worker's own schedule, unchanged
+            records = sum(self.read_plan.totals())
+            segments = schedules.segments_from_json(checks.field(state, "segments"), records)
+        length, _ = self.extent(epoch, segments)
         yielded = checks.integer(checks.field(state, "yielded"), "yielded", 0, length)
         self._progress = None
-        self._skip = {"epoch": epoch, "interrupts": interrupts, "yielded": yielded}
+        self._skip = {
+            "epoch": epoch,
+            "interrupts": interrupts,
+            "segments": segments,
+            "yielded": yielded,
+        }
 
 
 def stream_tables(

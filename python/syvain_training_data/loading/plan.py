@@ -426,6 +426,33 @@ def worker_parts(level: Level, topology: Topology, rank: int) -> list[tuple[int,
     return parts
 
 
+def segment_pieces(level: Level, boundaries: Sequence[int]) -> list[Level]:
+    """The positions of ``level`` (ascending) inside each segment [boundaries[j],
+    boundaries[j + 1])."""
+    pieces: list[list[tuple[int, int]]] = [[] for _ in boundaries[1:]]
+    for start, stop in level.intervals:
+        j = min(bisect.bisect_right(boundaries, start) - 1, len(pieces) - 1)
+        while start < stop:
+            end = stop if j + 1 == len(pieces) else min(stop, boundaries[j + 1])
+            pieces[j].append((start, end))
+            start, j = end, j + 1
+    return [Level(piece) for piece in pieces]
+
+
+def segmented_parts(
+    level: Level, pieces: list[Level] | None, topology: Topology, rank: int
+) -> list[list[tuple[int, int]]]:
+    """Per worker of ``rank``, its epoch intervals: its even part of ``level``, or of each
+    segment's piece in turn."""
+    if pieces is None:
+        return [level.slice(start, stop) for start, stop in worker_parts(level, topology, rank)]
+    parts: list[list[tuple[int, int]]] = [[] for _ in range(topology.workers)]
+    for piece in pieces:
+        for worker, (start, stop) in enumerate(worker_parts(piece, topology, rank)):
+            parts[worker] += piece.slice(start, stop)
+    return [Level(part).intervals for part in parts]
+
+
 # Per rank, per worker: the epoch intervals that consumer reads in a run.
 Layout = dict[int, list[list[tuple[int, int]]]]
 

@@ -4,6 +4,10 @@ no torch; see :mod:`~syvain_training_data.loading.plan` for the terms).
 
 A record pass's interrupt holds per rank the batches the training loop received; what each
 worker consumed follows from torch's in-order round robin over its workers.
+
+With a mixture schedule (``boundaries``: its segments, see :mod:`.schedule`) a run on a new
+topology gives every consumer its even share of each segment's piece of what is left, segment
+after segment, as token passes do, so all consumers cross a boundary together.
 """
 
 from __future__ import annotations
@@ -17,10 +21,20 @@ from syvain_training_data.loading.plan import (
     ReadPlan,
     Topology,
     batch_count,
-    worker_parts,
+    segment_pieces,
+    segmented_parts,
 )
 
-__all__ = ["consumer_part", "left_in_epoch", "rank_batches", "round_robin_taken", "run_layout"]
+__all__ = [
+    "consumer_part",
+    "left_in_epoch",
+    "left_positions",
+    "rank_batches",
+    "round_robin_taken",
+    "run_layout",
+]
+
+Boundaries = Sequence[int] | None
 
 
 def round_robin_taken(batches: Sequence[int], received: int) -> list[int]:
@@ -98,14 +112,16 @@ def run_layout(
     interrupts: Sequence[Interrupt],
     topology: Topology,
     rank: int | None = None,
+    boundaries: Boundaries = None,
 ) -> Layout:
     """Who reads what in a run of ``topology`` after the ``interrupts`` of this epoch (only
     ``rank``'s part of the run itself when given; earlier runs are laid out whole).
 
-    A run on a new topology splits what is left evenly (ranks, then workers, in epoch order);
-    a run on the interrupted run's topology continues it exactly."""
+    A run on a new topology splits what is left evenly (ranks, then workers, in epoch order;
+    with ``boundaries``, segment by segment); a run on the interrupted run's topology
+    continues it exactly."""
     ranks = range(topology.world_size) if rank is None else [rank]
-    return _layout(read_plan, epoch_length, interrupts, topology, ranks)
+    return _layout(read_plan, epoch_length, interrupts, topology, ranks, boundaries)
 
 
 def _ranks_with_records(length: int, world_size: int) -> Sequence[int]:
@@ -123,6 +139,7 @@ def _layout(
     interrupts: Sequence[Interrupt],
     topology: Topology,
     ranks: Sequence[int] | None,
+    boundaries: Boundaries = None,
 ) -> Layout:
     """``run_layout`` for ``ranks`` of the run itself (None: the ranks that hold records).
 
@@ -146,16 +163,26 @@ def _layout(
             continue
         if index > 0:
             previous = interrupts[index - 1]
-            level = Level(
-                [i for parts in layout.values() for rest in _unread(parts, previous) for i in rest]
-            )
-        level = _balanced(level, current.world_size, read_plan.equal_batches)
+            left = [
+                i for parts in layout.values() for rest in _unread(parts, previous) for i in rest
+            ]
+            level = Level(left if boundaries is None else sorted(left))
+        if boundaries is None:
+            pieces = [_balanced(level, current.world_size, read_plan.equal_batches)]
+        else:  # with equal batches, every segment's piece splits exactly
+            pieces = [
+                _balanced(piece, current.world_size, read_plan.equal_batches)
+                for piece in segment_pieces(level, boundaries)
+            ]
         if wanted is None:
-            wanted = _ranks_with_records(level.length, current.world_size)
-        layout = {
-            r: [level.slice(start, stop) for start, stop in worker_parts(level, current, r)]
-            for r in wanted
-        }
+            wanted = sorted(
+                {
+                    r
+                    for piece in pieces
+                    for r in _ranks_with_records(piece.length, current.world_size)
+                }
+            )
+        layout = {r: segmented_parts(level, pieces, current, r) for r in wanted}
     return layout
 
 
@@ -166,9 +193,11 @@ def consumer_part(
     topology: Topology,
     rank: int,
     worker: int,
+    boundaries: Boundaries = None,
 ) -> list[tuple[int, int]]:
     """Epoch intervals consumer (rank, worker) reads in a run after ``interrupts``."""
-    return run_layout(read_plan, epoch_length, interrupts, topology, rank)[rank][worker]
+    layout = run_layout(read_plan, epoch_length, interrupts, topology, rank, boundaries)
+    return layout[rank][worker]
 
 
 def rank_batches(
@@ -177,15 +206,33 @@ def rank_batches(
     interrupts: Sequence[Interrupt],
     topology: Topology,
     rank: int,
+    boundaries: Boundaries = None,
 ) -> int:
     """Batches ``rank`` yields in a run after ``interrupts``."""
-    parts = run_layout(read_plan, epoch_length, interrupts, topology, rank)[rank]
+    parts = run_layout(read_plan, epoch_length, interrupts, topology, rank, boundaries)[rank]
     return sum(batch_count(_length(p), topology.batch_size, topology.drop_last) for p in parts)
 
 
 def left_in_epoch(
-    read_plan: ReadPlan, epoch_length: int, interrupts: Sequence[Interrupt], topology: Topology
+    read_plan: ReadPlan,
+    epoch_length: int,
+    interrupts: Sequence[Interrupt],
+    topology: Topology,
+    boundaries: Boundaries = None,
 ) -> int:
     """Records a run of ``topology`` after ``interrupts`` reads, over all its consumers."""
-    layout = _layout(read_plan, epoch_length, interrupts, topology, None)
-    return sum(_length(part) for parts in layout.values() for part in parts)
+    return sum(
+        b - a for a, b in left_positions(read_plan, epoch_length, interrupts, topology, boundaries)
+    )
+
+
+def left_positions(
+    read_plan: ReadPlan,
+    epoch_length: int,
+    interrupts: Sequence[Interrupt],
+    topology: Topology,
+    boundaries: Boundaries = None,
+) -> list[tuple[int, int]]:
+    """The epoch intervals a run of ``topology`` after ``interrupts`` reads (all consumers)."""
+    layout = _layout(read_plan, epoch_length, interrupts, topology, None, boundaries)
+    return [i for parts in layout.values() for part in parts for i in part]

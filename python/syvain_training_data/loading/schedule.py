@@ -1,5 +1,5 @@
-"""Mixture schedules (``load_tokens(mixing_schedule=...)``): mixing weights that change
-along the epoch's mixed order. No I/O and no torch.
+"""Mixture schedules (``mixing_schedule=`` of ``load`` and ``load_tokens``): mixing weights
+that change along the epoch's mixed order. No I/O and no torch.
 
 A schedule is a list of (position, weights) entries, the first at position 0, positions
 strictly ascending; entry j holds for mixed positions [P_j, P_{j+1}) (counted across all ranks),
@@ -11,10 +11,11 @@ draws, so a one-entry schedule is the ``mixing_weights`` order bit for bit. ``fi
 ends the order where a segment's merge reaches the first key a stream cannot fill;
 ``all_exhausted`` keeps every record (a stream with nothing left takes no more positions).
 
-Token passes lay a scheduled epoch out segment by segment (``token_plan.token_layout``'s
-``boundaries``): every consumer takes its even share of each segment, so all ranks and workers
-cross a boundary together. The boundaries the epoch's runs were laid out with (``segments``:
-the interior boundaries and the layout's length) and the schedule travel in the loader's state.
+Record and token passes lay a scheduled epoch out segment by segment (the ``boundaries`` of
+``record_plan.run_layout`` and ``token_plan.token_layout``): every consumer takes its even
+share of each segment, so all ranks and workers cross a boundary together. The boundaries the
+epoch's runs were laid out with (``segments``: the interior boundaries and the layout's
+length) and the schedule travel in the loader's state.
 A state resumes with an edited schedule when the first difference lies beyond every position
 its runs consumed (:func:`check_resume`): the order is identical below that difference, so the
 rest of the epoch keeps the state's layout and takes its records from the new order. Records
@@ -40,12 +41,14 @@ __all__ = [
     "Entry",
     "Schedule",
     "ScheduledOrder",
+    "check_consumed",
     "check_resume",
     "consumed_through",
     "entries",
     "epoch_layout",
     "epoch_segments",
     "first_difference",
+    "last_consumed",
     "resolved",
     "schedule_from_json",
     "schedule_json",
@@ -314,24 +317,31 @@ def scheduled_token_layout(
     return layout, cuts
 
 
+def last_consumed(length: int, left: Sequence[tuple[int, int]], cuts: Sequence[int] = ()) -> int:
+    """The largest position below ``length`` that earlier runs consumed wholly or in part, when
+    a run after them reads the epoch intervals ``left`` (records consumed in part are ``cuts``,
+    their positions); -1 when they consumed nothing."""
+    highest = length - 1
+    for start, stop in reversed(plan.Level(sorted(left)).intervals):
+        if highest >= stop:
+            break
+        highest = min(highest, start - 1)
+    return max(highest, max(cuts, default=-1))
+
+
 def consumed_through(
     segments: Sequence[int],
     interrupts: Sequence[token_plan.TokenInterrupt],
     topology: plan.Topology,
 ) -> int:
-    """The largest epoch position the runs of ``interrupts`` (laid out with ``segments``)
-    consumed wholly or in part; -1 when they consumed nothing. What the runs left is what a
-    run of ``topology`` after them lays out (every rank); the rest was consumed, and records
-    consumed in part are the layout's cuts."""
+    """The largest epoch position the token runs of ``interrupts`` (laid out with
+    ``segments``) consumed wholly or in part; -1 when they consumed nothing. What the runs left
+    is what a run of ``topology`` after them lays out (every rank); the rest was consumed, and
+    records consumed in part are the layout's cuts."""
     length = segments[-1]
     layout, cuts = token_plan.token_layout(length, interrupts, topology, None, (0, *segments))
-    left = plan.Level(sorted(i for parts in layout.values() for part in parts for i in part))
-    highest = length - 1
-    for start, stop in reversed(left.intervals):
-        if highest >= stop:
-            break
-        highest = min(highest, start - 1)
-    return max(highest, max(cuts, default=-1))
+    left = [i for parts in layout.values() for part in parts for i in part]
+    return last_consumed(length, left, list(cuts))
 
 
 def check_resume(
@@ -341,13 +351,21 @@ def check_resume(
     interrupts: Sequence[token_plan.TokenInterrupt],
     topology: plan.Topology,
 ) -> None:
-    """ValueError when a state whose runs used schedule ``old`` cannot resume with ``new``:
-    the first difference lies at or before the last position those runs consumed."""
+    """ValueError when a token state whose runs used schedule ``old`` cannot resume with
+    ``new``: see :func:`check_consumed`."""
+    if first_difference(old, new) is None or not interrupts:
+        return
+    check_consumed(old, new, consumed_through(segments, interrupts, topology))
+
+
+def check_consumed(old: Schedule, new: Schedule, consumed: int) -> None:
+    """ValueError when a state whose runs used schedule ``old`` and consumed up to epoch
+    position ``consumed`` cannot resume with ``new``: their first difference lies at or before
+    it (the order is identical only below the first difference)."""
     difference = first_difference(old, new)
-    if difference is None or not interrupts:
+    if difference is None:
         return
     index, position, before, after = difference
-    consumed = consumed_through(segments, interrupts, topology)
     if position <= consumed:
         raise ValueError(
             f"The mixing schedule differs from the loader state's from position {position} "

@@ -313,6 +313,7 @@ class SplitDataLoader:
         shuffle_buffer: int | None = None,
         stateful: bool = False,
         mixing_weights: Mapping[str, float] | str | None = None,
+        mixing_schedule: Sequence[tuple[int, Mapping[str, float] | str]] | None = None,
         mixing_stop: str = "first_exhausted",
         columns: Sequence[str] | None = None,
         pad_value: int | float = 0,
@@ -349,6 +350,14 @@ class SplitDataLoader:
             other. A weight is a positive finite int or float (not a bool) that a float
             holds; the weights' sum must be finite and each weight at least 2**-128 of it
             (ValueError naming the stage and the weight otherwise).
+          mixing_schedule: mixing weights that change along the epoch, e.g.
+            ``[(0, {"web": 3, "code": 1}), (800_000, {"web": 1, "code": 3})]``: each entry's
+            weights (as ``mixing_weights``) hold from its position, in records of the epoch's
+            mixed order counted across all ranks, until the next entry's; the rules, the
+            checks and the resume of :meth:`load_tokens`'s ``mixing_schedule`` (the same plan
+            code). Ranks and workers take an even share of each segment in turn, so they all
+            cross a boundary together; with ``equal_batches``, each segment's share is equal
+            on every rank (fewer than world_size records of each segment are left out).
           mixing_stop: "first_exhausted" (default): the epoch ends where the first stage runs
             out, so the proportions hold throughout; "all_exhausted": exhausted stages leave
             the mix and every record is read once per epoch.
@@ -400,6 +409,7 @@ class SplitDataLoader:
             seed=seed,
             shuffle_buffer=shuffle_buffer,
             mixing_weights=mixing_weights,
+            mixing_schedule=mixing_schedule,
             mixing_stop=mixing_stop,
             infinite_iter=infinite_iter,
             log_stats_every=log_stats_every,

@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from syvain_training_data.loading import state as checks
-from syvain_training_data.loading.plan import Layout, Level, Topology, worker_parts
+from syvain_training_data.loading.plan import (
+    Layout,
+    Level,
+    Topology,
+    segment_pieces,
+    segmented_parts,
+)
 
 __all__ = [
     "Position",
@@ -220,36 +226,9 @@ def token_layout(
                 continue
             left = [i for r in sorted(rests) for rest in rests[r] for i in rest]
             level = Level(left if boundaries is None else sorted(left))
-        pieces = None if boundaries is None else _segment_pieces(level, boundaries)
-        layout = {r: _token_parts(level, pieces, current, r) for r in ranks}
+        pieces = None if boundaries is None else segment_pieces(level, boundaries)
+        layout = {r: segmented_parts(level, pieces, current, r) for r in ranks}
     return layout, cuts
-
-
-def _segment_pieces(level: Level, boundaries: Sequence[int]) -> list[Level]:
-    """The positions of ``level`` (ascending) inside each segment [boundaries[j],
-    boundaries[j + 1])."""
-    pieces: list[list[tuple[int, int]]] = [[] for _ in boundaries[1:]]
-    for start, stop in level.intervals:
-        j = min(bisect.bisect_right(boundaries, start) - 1, len(pieces) - 1)
-        while start < stop:
-            end = stop if j + 1 == len(pieces) else min(stop, boundaries[j + 1])
-            pieces[j].append((start, end))
-            start, j = end, j + 1
-    return [Level(piece) for piece in pieces]
-
-
-def _token_parts(
-    level: Level, pieces: list[Level] | None, topology: Topology, rank: int
-) -> list[list[tuple[int, int]]]:
-    """Per worker of ``rank``, its epoch intervals: its even part of ``level``, or of each
-    segment's piece in turn."""
-    if pieces is None:
-        return [level.slice(start, stop) for start, stop in worker_parts(level, topology, rank)]
-    parts: list[list[tuple[int, int]]] = [[] for _ in range(topology.workers)]
-    for piece in pieces:
-        for worker, (start, stop) in enumerate(worker_parts(piece, topology, rank)):
-            parts[worker] += piece.slice(start, stop)
-    return [Level(part).intervals for part in parts]
 
 
 def cuts_by_index(part: Sequence[tuple[int, int]], cuts: dict[int, int]) -> dict[int, int]:

@@ -305,7 +305,8 @@ def _row_groups_within(metadata: Any, start: int, stop: int | None) -> tuple[lis
     """The row groups holding rows ``[start, stop)`` (``stop`` None: to the file's end), and
     how many rows of the first of them come before ``start``. A range read stops before the
     next row group, so the decoder's read-ahead never fetches one it does not need."""
-    groups, skip, first_row = [], 0, 0
+    groups: list[int] = []
+    skip = first_row = 0
     for index in range(metadata.num_row_groups):
         rows = metadata.row_group(index).num_rows
         if stop is not None and first_row >= stop:
