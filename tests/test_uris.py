@@ -14,6 +14,8 @@ from syvain_training_data.uris import (
     check_shard_scheme,
     check_uri,
     file_path,
+    https_host_path,
+    hub_path,
     plain_etag,
     portable_etag,
     s3_bucket_key,
@@ -69,6 +71,11 @@ def test_the_shared_table_of_valid_uris(case) -> None:
     assert check_uri(uri) == uri
     if "path" in case:
         assert file_path(uri) == case["path"]
+    elif "origin" in case:
+        netloc, path = https_host_path(uri)
+        assert (f"https://{netloc}", path) == (case["origin"], case["http_path"])
+    elif "hub_path" in case:
+        assert case["hub_path"].endswith("/" + hub_path(uri))
     else:
         assert s3_bucket_key(uri) == (case["bucket"], case["key"])
     assert parse_manifest(manifest_bytes(uri), "m").splits["train"].shards[0].uri == uri

@@ -95,7 +95,7 @@ from syvain_training_data.strict_json import (
     json_depth,
     loads_strict_json,
 )
-from syvain_training_data.uris import FILE_PREFIX, check_uri, file_path, portable_etag
+from syvain_training_data.uris import FILE_PREFIX, check_uri, file_path
 
 __all__ = [
     "DATA_FORMATS",
@@ -135,15 +135,16 @@ _Count = Annotated[int, Field(strict=True, gt=0, le=MAX_COUNT)]
 
 
 def _check_shard_uri(uri: str) -> str:
-    """Accept ``s3://bucket/key`` or ``file:///absolute/path`` under the store's rules
+    """Accept ``s3://bucket/key``, ``file:///absolute/path``, ``https://host/path`` or
+    ``hf://datasets/owner/name@revision/path`` under the store's rules
     (:func:`~syvain_training_data.uris.check_uri`)."""
     try:
         return check_uri(uri)
     except ValueError as error:
         raise ValueError(
             "shard URI must be s3://bucket/key (bucket and key non-empty, the bucket name "
-            f"without / ? # @ : %, whitespace or control characters) or file:///absolute/path: "
-            f"{error}"
+            f"without / ? # @ : %, whitespace or control characters), file:///absolute/path, "
+            f"https://host/path or hf://datasets/owner/name@revision/path: {error}"
         ) from None
 
 
@@ -382,7 +383,8 @@ def read_manifest_bytes(uri: str, *, storage_config: StorageConfig | None = None
     with open_stream(
         uri,
         size_bytes=info.size,
-        etag=portable_etag(uri, info.etag) or None,
+        # Held to the etag of the HEAD (never a file's: a local read is not pinned).
+        etag=(None if uri.startswith(FILE_PREFIX) else info.etag or None),
         storage_config=storage_config,
     ) as stream:
         for chunk in stream:

@@ -16,6 +16,7 @@ from syvain_training_data.formats import FORMATS, shard_format
 from syvain_training_data.formats.shard_index import Segment, ShardIndex
 from syvain_training_data.manifest import DataManifestDataFormat, ManifestShard
 from syvain_training_data.storage import StorageConfig, open_shard, open_shard_batches
+from syvain_training_data.uris import portable_etag
 
 __all__ = ["ArrowRecordBatch", "iter_shard", "iter_shard_batches"]
 
@@ -130,7 +131,7 @@ def _open_args(
 ) -> dict[str, Any]:
     """open_shard's arguments that pin the object (its size and etag) and say which records
     and bytes to read: the whole shard, or a segment of it read as a shard of its own."""
-    pinned = {"size_bytes": shard.size_bytes, "etag": shard.etag or None}
+    pinned = {"size_bytes": shard.size_bytes, "etag": portable_etag(shard.uri, shard.etag) or None}
     if segment is None:
         return {**pinned, "records": shard.records, "start": start, "stop": stop}
     end = shard.records if stop is None else stop

@@ -1,10 +1,12 @@
 """The URIs of SPEC section 4: parsing, the untrusted-manifest scheme rule, and etags.
 
-A URI is ``s3://bucket/key`` or ``file:///absolute/path``; schemes are lower case, and
-``file:/path`` and ``file://host/path`` are not URIs here. These are the rules of the Rust side
-(``Location::parse`` in ``rust/core/src/object_stores.rs``), which reads every object: a URI
-valid here is one the store accepts. ``tests/uri_rules.json`` is one table of valid and invalid
-URIs that both sides are tested against.
+A URI is ``s3://bucket/key``, ``file:///absolute/path``, ``https://host[:port]/path`` or
+``hf://datasets/owner/name[@revision]/path`` (the last two read-only); schemes are lower case,
+and ``file:/path`` and ``file://host/path`` are not URIs here. An https:// URI holds no user
+info, query or fragment: a request goes only where the URI says. These are the rules of the
+Rust side (``Location::parse`` in ``rust/core/src/object_stores.rs``), which reads every
+object: a URI valid here is one the store accepts. ``tests/uri_rules.json`` is one table of
+valid and invalid URIs that both sides are tested against.
 
 - **Bucket names** hold only ASCII letters, digits, ``.``, ``-`` and ``_``: no character that
   could change a request's URL or host (``/ ? # @ : %``, whitespace, control characters), in
@@ -14,28 +16,36 @@ URIs that both sides are tested against.
   ``a//b`` or ``a/../b`` would name another object on the local store (or a file outside a
   dataset's folder), so they are refused rather than normalized.
 - **Schemes are confined** (:func:`check_shard_scheme`): a manifest read from ``s3://`` may name
-  only ``s3://`` shards and a ``file://`` manifest only ``file://`` shards, unless the caller
-  opts in with ``allow_mixed_schemes=True``. A manifest can never point a reader at local files
-  it was not loaded from.
-- **Etags of file:// objects** (inode and mtime) are never recorded nor enforced
-  (:func:`portable_etag`): a local dataset copied with cp, rsync or a
-  restore stays valid; size and, for descriptors, sha256 guard it. S3 etags are compared
-  without the quotes and weak marker some stores add (:func:`plain_etag`).
+  only ``s3://`` shards and a ``file://`` manifest only ``file://`` shards, an ``https://`` or
+  ``hf://`` manifest only shards of its own scheme on its own host, unless the caller opts in
+  with ``allow_mixed_schemes=True``. A manifest can never point a reader at local files it was
+  not loaded from, nor a manifest from the web at another host (an internal address).
+- **Etags of file://, https:// and hf:// objects** are never recorded nor enforced from a
+  manifest (:func:`portable_etag`): a local dataset copied with cp, rsync or a restore, or a
+  dataset mirrored to a web server (whose etags are its own), stays valid; size and, for
+  descriptors, sha256 guard it, and a read is held to the etag its first response gave. S3
+  etags are compared without the quotes and weak marker some stores add (:func:`plain_etag`).
 """
 
 from __future__ import annotations
 
 import re
 from typing import Final, Literal
+from urllib.parse import urlsplit
 
 __all__ = [
     "FILE_PREFIX",
+    "HTTPS_PREFIX",
+    "HUB_PREFIX",
     "S3_PREFIX",
     "Scheme",
     "check_bucket_name",
     "check_shard_scheme",
     "check_uri",
     "file_path",
+    "host_of",
+    "hub_path",
+    "https_host_path",
     "plain_etag",
     "portable_etag",
     "s3_bucket_key",
@@ -44,8 +54,16 @@ __all__ = [
 
 S3_PREFIX: Final = "s3://"
 FILE_PREFIX: Final = "file://"
+HTTPS_PREFIX: Final = "https://"
+HUB_PREFIX: Final = "hf://"
 
-type Scheme = Literal["s3", "file"]
+type Scheme = Literal["s3", "file", "https", "hf"]
+
+# hf://datasets/owner/name[@revision]/path: the Hub's repository names.
+_HUB_URI: Final = re.compile(
+    r"hf://datasets/(?P<owner>[A-Za-z0-9._-]+)/(?P<name>[A-Za-z0-9._-]+)"
+    r"(?:@(?P<revision>[A-Za-z0-9._-]+))?/(?P<path>.+)"
+)
 
 # / ? # @ : % change a URL's path, query, fragment, user info, port or escapes; whitespace and
 # control characters (C0, DEL, C1) end or split a request line.
@@ -124,25 +142,75 @@ def file_path(uri: str) -> str:
     raise ValueError(f"{uri!r} is not a file:///absolute/path URI")
 
 
+def https_host_path(uri: str) -> tuple[str, str]:
+    """``(host[:port], path)`` of ``https://host[:port]/path``; ValueError unless the host is
+    present, the path is a valid key, and there is no user info, query or fragment."""
+    parts = urlsplit(uri)
+    if parts.scheme != "https" or not uri.startswith(HTTPS_PREFIX) or not parts.hostname:
+        raise ValueError(f"{uri!r} is not an https://host/path URI")
+    if "@" in parts.netloc:
+        raise ValueError(f"{uri!r} is not a valid object URI: user info is not allowed")
+    if parts.query or parts.fragment or "?" in uri or "#" in uri:
+        raise ValueError(f"{uri!r} is not a valid object URI: a query or fragment is not allowed")
+    path = uri[len(HTTPS_PREFIX) :].partition("/")[2]
+    problem = _key_problem(path, "path") if path else "the path is empty"
+    if problem:
+        raise ValueError(f"{uri!r} is not a valid object URI: {problem}")
+    try:
+        parts.port  # noqa: B018 - a port that is not a number is a ValueError
+    except ValueError as error:
+        raise ValueError(f"{uri!r} is not a valid object URI: {error}") from None
+    return parts.netloc, path
+
+
+def hub_path(uri: str) -> str:
+    """The path inside its repository of ``hf://datasets/owner/name[@revision]/path``;
+    ValueError otherwise."""
+    found = _HUB_URI.fullmatch(uri)
+    if found is None or any(
+        part in (".", "..") for part in (found["owner"], found["name"], found["revision"])
+    ):
+        raise ValueError(f"{uri!r} is not an hf://datasets/owner/name@revision/path URI")
+    problem = _key_problem(found["path"], "path")
+    if problem:
+        raise ValueError(f"{uri!r} is not a valid object URI: {problem}")
+    return found["path"]
+
+
 def check_uri(uri: str) -> str:
-    """Returns ``uri`` if it is ``s3://bucket/key`` or ``file:///absolute/path``; else a
-    ValueError saying what is wrong."""
+    """Returns ``uri`` if it is ``s3://bucket/key``, ``file:///absolute/path``,
+    ``https://host/path`` or ``hf://datasets/owner/name@revision/path``; else a ValueError
+    saying what is wrong."""
     if uri.startswith(S3_PREFIX):
         s3_bucket_key(uri)
     elif uri.startswith(FILE_PREFIX):
         file_path(uri)
+    elif uri.startswith(HTTPS_PREFIX):
+        https_host_path(uri)
+    elif uri.startswith(HUB_PREFIX):
+        hub_path(uri)
     else:
-        raise ValueError(f"{uri!r} is neither s3://bucket/key nor file:///absolute/path")
+        raise ValueError(
+            f"{uri!r} is none of s3://bucket/key, file:///absolute/path, https://host/path "
+            "and hf://datasets/owner/name@revision/path"
+        )
     return uri
 
 
 def scheme_of(uri: str) -> Scheme:
-    """``"s3"`` or ``"file"``; ValueError for any other scheme."""
-    if uri.startswith(S3_PREFIX):
-        return "s3"
-    if uri.startswith(FILE_PREFIX):
-        return "file"
-    raise ValueError(f"{uri!r} is neither an s3:// nor a file:// URI")
+    """``"s3"``, ``"file"``, ``"https"`` or ``"hf"``; ValueError for any other scheme."""
+    schemes: tuple[Scheme, ...] = ("s3", "file", "https", "hf")
+    for scheme in schemes:
+        if uri.startswith(f"{scheme}://"):
+            return scheme
+    raise ValueError(f"{uri!r} is none of an s3://, file://, https:// and hf:// URI")
+
+
+def host_of(uri: str) -> str:
+    """Where a request for ``uri`` goes, for the untrusted-manifest rule: the bucket of an s3://
+    URI is not a host (every bucket of the client's endpoint is alike), so ``""`` for s3://,
+    file:// and hf:// (the Hub), ``host[:port]`` for https://."""
+    return https_host_path(uri)[0].lower() if uri.startswith(HTTPS_PREFIX) else ""
 
 
 def check_shard_scheme(
@@ -159,6 +227,12 @@ def check_shard_scheme(
             f"{manifest_scheme}:// may name only {manifest_scheme}:// shards (pass "
             "allow_mixed_schemes=True to read a manifest you trust that mixes schemes)"
         )
+    if host_of(manifest_uri) != host_of(shard_uri):
+        raise ValueError(
+            f"Manifest {manifest_uri} names shard {shard_uri}, but a manifest read from "
+            f"https://{host_of(manifest_uri)} may name only shards on that host (pass "
+            "allow_mixed_schemes=True to read a manifest you trust that names other hosts)"
+        )
 
 
 def plain_etag(etag: str) -> str:
@@ -172,5 +246,7 @@ def plain_etag(etag: str) -> str:
 def portable_etag(uri: str, etag: str) -> str:
     """The etag to write into a manifest or descriptor, and the only one a reader holds an
     object to: ``""`` (none) for a file:// object, whose etag (inode and mtime) does not survive
-    a copy, even where an older manifest or descriptor recorded one; ``etag`` otherwise."""
-    return "" if uri.startswith(FILE_PREFIX) else etag
+    a copy, even where an older manifest or descriptor recorded one, and for an https:// or
+    hf:// object, whose server's etags are its own (a mirror's differ from the publisher's);
+    ``etag`` otherwise."""
+    return "" if uri.startswith((FILE_PREFIX, HTTPS_PREFIX, HUB_PREFIX)) else etag

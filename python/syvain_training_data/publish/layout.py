@@ -26,7 +26,13 @@ from dataclasses import dataclass
 from typing import Final
 
 from syvain_training_data.formats.registry import FORMATS
-from syvain_training_data.uris import file_path, s3_bucket_key, scheme_of
+from syvain_training_data.uris import (
+    HTTPS_PREFIX,
+    HUB_PREFIX,
+    file_path,
+    s3_bucket_key,
+    scheme_of,
+)
 
 __all__ = ["DESCRIPTOR_SUFFIX", "SESSION_RECORD_SUFFIX", "SUFFIXES", "Layout", "encode_segment"]
 
@@ -61,6 +67,11 @@ def encode_segment(value: str, what: str = "path segment") -> str:
 
 
 def manifest_key(manifest_uri: str) -> str:
+    if manifest_uri.startswith((HTTPS_PREFIX, HUB_PREFIX)):
+        raise ValueError(
+            f"manifest_uri {manifest_uri!r}: https:// and hf:// stores are read-only; publish "
+            "to s3:// or file:// and serve the files from there"
+        )
     try:
         if scheme_of(manifest_uri) == "s3":
             return s3_bucket_key(manifest_uri)[1]

@@ -1,9 +1,11 @@
-//! URI -> object store: s3:// through `object_store`'s S3 client, file:// as a local directory.
+//! URI -> object store: s3:// through `object_store`'s S3 client, file:// as a local directory,
+//! https:// and hf:// (the Hugging Face Hub's resolve URLs) read-only through its HTTP client.
 
 use std::fmt;
 use std::sync::Arc;
 
 use object_store::aws::{AmazonS3Builder, AwsCredential, S3ConditionalPut};
+use object_store::http::HttpBuilder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ClientOptions, ObjectStore, RetryConfig, StaticCredentialProvider};
@@ -90,6 +92,22 @@ pub enum Location {
     File {
         path: String,
     },
+    /// A read-only object at `origin` (`https://host[:port]`) + `/` + `path`. `hub`: a
+    /// Hugging Face Hub file (`hf://datasets/owner/name@revision/path`, at the Hub's resolve
+    /// URL), sent with the `HF_TOKEN` bearer token when one is set.
+    Http {
+        origin: String,
+        path: String,
+        hub: bool,
+    },
+}
+
+/// The Hugging Face Hub's address; `HF_ENDPOINT` names a mirror (as `huggingface_hub` reads it).
+pub fn hub_endpoint() -> String {
+    std::env::var("HF_ENDPOINT")
+        .ok()
+        .filter(|e| !e.is_empty())
+        .unwrap_or_else(|| "https://huggingface.co".to_string())
 }
 
 impl Location {
@@ -120,9 +138,26 @@ impl Location {
                 path: path.to_string(),
             });
         }
+        if uri.starts_with("https://") {
+            return parse_https(uri, allow_prefix);
+        }
+        if let Some(rest) = uri.strip_prefix("hf://") {
+            return parse_hub(uri, rest, allow_prefix);
+        }
         Err(NativeError::Config(format!(
-            "Invalid object URI {uri}: the scheme must be s3:// or file://"
+            "Invalid object URI {uri}: the scheme must be s3://, file://, https:// or hf://"
         )))
+    }
+
+    /// Whether objects can be written, deleted and listed here (https:// and hf:// are
+    /// read-only: a ConfigError naming the operation otherwise).
+    pub fn check_writable(&self, uri: &str, operation: &str) -> NativeResult<()> {
+        if let Location::Http { .. } = self {
+            return Err(NativeError::Config(format!(
+                "{uri}: cannot {operation}: https:// and hf:// objects are read-only"
+            )));
+        }
+        Ok(())
     }
 
     /// The key inside the store (S3 key, or the absolute path without its leading "/").
@@ -131,6 +166,7 @@ impl Location {
         let raw = match self {
             Location::S3 { key, .. } => key.as_str(),
             Location::File { path } => &path[1..],
+            Location::Http { path, .. } => path.as_str(),
         };
         Path::parse(raw).unwrap_or_else(|_| Path::from(raw))
     }
@@ -140,6 +176,7 @@ impl Location {
         match self {
             Location::S3 { bucket, .. } => format!("s3://{bucket}/{path}"),
             Location::File { .. } => format!("file:///{path}"),
+            Location::Http { origin, .. } => format!("{origin}/{path}"),
         }
     }
 
@@ -148,12 +185,100 @@ impl Location {
         match self {
             Location::S3 { bucket, .. } => format!("s3://{bucket}"),
             Location::File { .. } => "file://".to_string(),
+            Location::Http { origin, hub, .. } => format!("{origin} hub={hub}"),
         }
     }
 
     pub fn is_local(&self) -> bool {
         matches!(self, Location::File { .. })
     }
+}
+
+/// `https://host[:port]/path`: no user info, query or fragment (a request goes only where the
+/// URI says), a path of key segments.
+fn parse_https(uri: &str, allow_prefix: bool) -> NativeResult<Location> {
+    let invalid = |why: &str| NativeError::Config(format!("Invalid object URI {uri}: {why}"));
+    let url = url::Url::parse(uri).map_err(|e| invalid(&e.to_string()))?;
+    let Some(host) = url.host_str() else {
+        return Err(invalid("no host"));
+    };
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(invalid("user info is not allowed in an object URI"));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(invalid(
+            "a query or fragment is not allowed in an object URI",
+        ));
+    }
+    // The path as written: url normalizes "." and ".." segments away, which would name
+    // another object than the one written, so they are refused from the raw text.
+    let after_scheme = &uri["https://".len()..];
+    let path = after_scheme.split_once('/').map(|(_, p)| p).unwrap_or("");
+    if path.is_empty() && !allow_prefix {
+        return Err(invalid("the path is empty"));
+    }
+    validate_key(uri, path, allow_prefix)?;
+    let origin = match url.port() {
+        Some(port) => format!("https://{host}:{port}"),
+        None => format!("https://{host}"),
+    };
+    Ok(Location::Http {
+        origin,
+        path: path.to_string(),
+        hub: false,
+    })
+}
+
+/// `hf://datasets/owner/name[@revision]/path` (revision `main` when omitted): the Hub's
+/// resolve URL `{endpoint}/datasets/owner/name/resolve/{revision}/path`.
+fn parse_hub(uri: &str, rest: &str, allow_prefix: bool) -> NativeResult<Location> {
+    let invalid = |why: &str| {
+        NativeError::Config(format!(
+            "Invalid object URI {uri}: {why}; expected hf://datasets/owner/name@revision/path"
+        ))
+    };
+    let mut parts = rest.splitn(4, '/');
+    let (kind, owner, name_revision) = (parts.next(), parts.next(), parts.next());
+    let path = parts.next().unwrap_or("");
+    if kind != Some("datasets") {
+        return Err(invalid("only dataset repositories are supported"));
+    }
+    let (Some(owner), Some(name_revision)) = (owner, name_revision) else {
+        return Err(invalid("no repository"));
+    };
+    let (name, revision) = name_revision
+        .split_once('@')
+        .unwrap_or((name_revision, "main"));
+    let segment_ok = |s: &str| {
+        !s.is_empty()
+            && s != "."
+            && s != ".."
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    if !segment_ok(owner) || !segment_ok(name) || !segment_ok(revision) {
+        return Err(invalid(
+            "owner, name and revision hold letters, digits, '-', '_', '.'",
+        ));
+    }
+    if path.is_empty() && !allow_prefix {
+        return Err(invalid("the path is empty"));
+    }
+    validate_key(uri, path, allow_prefix)?;
+    let endpoint = hub_endpoint();
+    let origin = match parse_https(&format!("{}/x", endpoint.trim_end_matches('/')), false)? {
+        Location::Http { origin, path, .. } if path == "x" => origin,
+        _ => {
+            return Err(NativeError::Config(format!(
+                "Invalid HF_ENDPOINT {endpoint:?}: expected https://host[:port]"
+            )))
+        }
+    };
+    Ok(Location::Http {
+        origin,
+        path: format!("datasets/{owner}/{name}/resolve/{revision}/{path}"),
+        hub: true,
+    })
 }
 
 /// A bucket name ends up in the request's host (virtual-hosted style) or path: anything that
@@ -214,7 +339,42 @@ pub fn build_store(
     match location {
         Location::File { .. } => Ok(Arc::new(LocalFileSystem::new())),
         Location::S3 { bucket, .. } => build_s3(config, bucket, policy),
+        Location::Http { origin, hub, .. } => build_http(origin, *hub, policy),
     }
+}
+
+/// Our own budget (policy.rs) does every retry, so object_store must not retry underneath it.
+fn no_retries(policy: &Policy) -> RetryConfig {
+    RetryConfig {
+        max_retries: 0,
+        retry_timeout: policy.request_timeout,
+        backoff: Default::default(),
+    }
+}
+
+/// A read-only HTTP store at `origin`; for the Hub, requests carry `HF_TOKEN` as a bearer
+/// token (marked sensitive: never logged, and dropped by the client on a redirect to another
+/// host, such as the Hub's CDN).
+fn build_http(origin: &str, hub: bool, policy: &Policy) -> NativeResult<Arc<dyn ObjectStore>> {
+    let mut client_options = ClientOptions::new()
+        .with_connect_timeout(policy.connect_timeout)
+        .with_timeout(policy.request_timeout);
+    let token = std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty());
+    if let (true, Some(token)) = (hub, token) {
+        let mut value = http::HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|_| NativeError::Config("HF_TOKEN is not a valid header value".into()))?;
+        value.set_sensitive(true);
+        let mut headers = http::HeaderMap::new();
+        headers.insert(http::header::AUTHORIZATION, value);
+        client_options = client_options.with_default_headers(headers);
+    }
+    let store = HttpBuilder::new()
+        .with_url(origin)
+        .with_client_options(client_options)
+        .with_retry(no_retries(policy))
+        .build()
+        .map_err(|e| NativeError::Config(format!("{origin}: invalid HTTP configuration: {e}")))?;
+    Ok(Arc::new(store))
 }
 
 fn build_s3(
@@ -258,12 +418,7 @@ fn build_s3(
         .with_allow_http(true)
         .with_connect_timeout(policy.connect_timeout)
         .with_timeout(policy.request_timeout);
-    // Our own budget (policy.rs) does every retry, so object_store must not retry underneath it.
-    let retry = RetryConfig {
-        max_retries: 0,
-        retry_timeout: policy.request_timeout,
-        backoff: Default::default(),
-    };
+    let retry = no_retries(policy);
     let mut builder = AmazonS3Builder::new()
         .with_bucket_name(bucket)
         .with_region(&config.region)
@@ -322,16 +477,35 @@ mod tests {
         let text = |case: &serde_json::Value, name: &str| case[name].as_str().unwrap().to_string();
         for case in table["valid"].as_array().unwrap() {
             let uri = text(case, "uri");
-            let expected = match case.get("path") {
-                Some(_) => Location::File {
+            let found = Location::parse(&uri, false).unwrap();
+            if case.get("hub_path").is_some() {
+                // The origin is the Hub's (HF_ENDPOINT), not part of the table.
+                let Location::Http {
+                    path, hub: true, ..
+                } = found
+                else {
+                    panic!("{uri:?}: {found:?}");
+                };
+                assert_eq!(path, text(case, "hub_path"), "{uri:?}");
+                continue;
+            }
+            let expected = if case.get("path").is_some() {
+                Location::File {
                     path: text(case, "path"),
-                },
-                None => Location::S3 {
+                }
+            } else if case.get("origin").is_some() {
+                Location::Http {
+                    origin: text(case, "origin"),
+                    path: text(case, "http_path"),
+                    hub: false,
+                }
+            } else {
+                Location::S3 {
                     bucket: text(case, "bucket"),
                     key: text(case, "key"),
-                },
+                }
             };
-            assert_eq!(Location::parse(&uri, false).unwrap(), expected, "{uri:?}");
+            assert_eq!(found, expected, "{uri:?}");
         }
         for case in table["invalid"].as_array().unwrap() {
             let uri = text(case, "uri");

@@ -119,7 +119,9 @@ impl Storage {
                 refuse_special_file(std::path::Path::new(path), true)?;
                 None
             }
-            Location::S3 { .. } => etag,
+            // An https:// or hf:// read is held to the etag its caller saw (a manifest's are
+            // not passed: a mirror's etags are its own), else to its first response's.
+            Location::S3 { .. } | Location::Http { .. } => etag,
         };
         if start > size {
             return Err(NativeError::Config(format!(
@@ -137,6 +139,7 @@ impl Storage {
             path: location.object_path(),
             size,
             etag: etag.filter(|e| !e.is_empty()),
+            require_etag: matches!(location, Location::Http { .. }),
             start,
             end,
             format,
@@ -197,6 +200,7 @@ impl Storage {
             size,
             // A local file's etag is not enforced (SPEC section 4).
             etag: None,
+            require_etag: false,
             start,
             end,
             format: Some(format),
@@ -276,6 +280,7 @@ impl Storage {
     /// Deletes an object (no error if it is already gone).
     pub fn delete<C: Caller>(&self, caller: &C, uri: &str) -> Result<(), C::Error> {
         let location = Location::parse(uri, false)?;
+        location.check_writable(uri, "delete")?;
         let path = location.object_path();
         let owned_uri = uri.to_string();
         with_retries(caller, "DELETE", uri, |fresh| {
@@ -298,6 +303,7 @@ impl Storage {
         prefix_uri: &str,
     ) -> Result<Vec<(String, u64, String)>, C::Error> {
         let location = Location::parse(prefix_uri, true)?;
+        location.check_writable(prefix_uri, "list")?;
         let prefix = location.object_path();
         let owned_uri = prefix_uri.to_string();
         let location_for_uris = location.clone();

@@ -70,6 +70,7 @@ pub fn put_payload<C: Caller>(
     create_only: bool,
 ) -> Result<(u64, String), C::Error> {
     let location = Location::parse(uri, false)?;
+    location.check_writable(uri, "write")?;
     let size = payload.content_length() as u64;
     if let Location::File { path: dest } = &location {
         let dest = PathBuf::from(dest);
@@ -324,6 +325,7 @@ pub fn put<C: Caller>(
     options: WriteOptions,
 ) -> Result<(u64, String), C::Error> {
     let location = Location::parse(uri, false)?;
+    location.check_writable(uri, "write")?;
     let attributes = object_attributes(&location, options.content_type, options.metadata);
     put_payload(
         caller,
@@ -346,6 +348,7 @@ pub fn put_file<C: Caller>(
     limits: PutLimits,
 ) -> Result<(u64, String), C::Error> {
     let location = Location::parse(uri, false)?;
+    location.check_writable(uri, "write")?;
     refuse_special_file(path, false)?;
     let size = std::fs::metadata(path)
         .map_err(|e| io_error("Cannot read", path, &e))?

@@ -45,6 +45,10 @@ pub struct StreamRequest {
     /// The whole object's size: the store's answer and a local file's length must match it.
     pub size: u64,
     pub etag: Option<String>,
+    /// The server must name the object's version (an ETag) so that a resumed read is held to
+    /// the bytes it began with: an https:// or hf:// object, whose manifest etag is not
+    /// enforced (a mirror's etags are its own).
+    pub require_etag: bool,
     /// Where the read starts and stops (`end` is `size` for a whole-object read; less for a
     /// segment of it): only `[start, end)` is requested, and exactly those bytes must arrive.
     pub start: u64,

@@ -325,6 +325,14 @@ impl Producer {
                 })
                 .into());
             }
+            (None, None) if request.require_etag => {
+                return Err(StoreFailure::Fatal(NativeError::Config(format!(
+                    "{}: the server gave no ETag, so a resumed read could not be held to the \
+                     same bytes; serve the file with an ETag",
+                    request.uri
+                )))
+                .into());
+            }
             (None, _) => etag.clone_from(&response.meta.e_tag),
             _ => {}
         }

@@ -1,0 +1,196 @@
+"""A static file server over TLS on loopback, for the https:// and hf:// stores: HEAD and GET
+with Range (206 and Content-Range), ETag and Last-Modified, If-Match (412), and switches to
+misbehave as servers in the wild do (no ETag, Range ignored). Its certificate is signed by a
+test authority made here (``cryptography``), which a client trusts through ``SSL_CERT_FILE``.
+
+``paths`` maps a request path to its bytes (``/cdn/...`` included); ``redirects`` maps a path
+to another path it answers 302 with (as the Hub sends a resolve URL to its CDN); ``tokens``
+maps a path prefix to the bearer token it requires (a gated repository: 401 without it).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import ipaddress
+import ssl
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+__all__ = ["HttpsServer", "make_certificates", "serve_https"]
+
+
+def _name(common: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
+
+
+def make_certificates(folder: Path) -> tuple[Path, Path, Path]:
+    """(authority certificate, server certificate, server key) as PEM files in ``folder``: a
+    test authority and a leaf for 127.0.0.1 and localhost that it signs."""
+    now = datetime.datetime.now(datetime.UTC)
+    valid = (now - datetime.timedelta(days=1), now + datetime.timedelta(days=30))
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(_name("syvain test authority"))
+        .issuer_name(_name("syvain test authority"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(valid[0])
+        .not_valid_after(valid[1])
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    leaf = (
+        x509.CertificateBuilder()
+        .subject_name(_name("localhost"))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(valid[0])
+        .not_valid_after(valid[1])
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    paths = (folder / "ca.pem", folder / "server.pem", folder / "server.key")
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return paths
+
+
+@dataclass
+class HttpsServer:
+    """What the server holds and how it behaves; see the module docstring."""
+
+    port: int = 0
+    paths: dict[str, bytes] = field(default_factory=dict)
+    redirects: dict[str, str] = field(default_factory=dict)
+    tokens: dict[str, str] = field(default_factory=dict)
+    etags: bool = True
+    ranges: bool = True
+    requests: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
+
+    @property
+    def origin(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def etag(self, path: str) -> str:
+        return '"' + hashlib.sha256(self.paths[path]).hexdigest()[:16] + '"'
+
+
+def _handler(server: HttpsServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:  # quiet
+            pass
+
+        def do_HEAD(self) -> None:  # noqa: N802
+            self._answer(head=True)
+
+        def do_GET(self) -> None:  # noqa: N802
+            self._answer(head=False)
+
+        def _empty(self, status: int, headers: dict[str, str] | None = None) -> None:
+            self.send_response(status)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def _answer(self, head: bool) -> None:
+            path = self.path
+            server.requests.append((self.command, path, dict(self.headers.items())))
+            for prefix, token in server.tokens.items():
+                if path.startswith(prefix) and self.headers.get("Authorization") != (
+                    f"Bearer {token}"
+                ):
+                    return self._empty(401)
+            if path in server.redirects:
+                return self._empty(302, {"Location": server.redirects[path]})
+            if path not in server.paths:
+                return self._empty(404)
+            data = server.paths[path]
+            etag = server.etag(path)
+            expected = self.headers.get("If-Match")
+            if expected is not None and server.etags and expected.strip() != etag:
+                return self._empty(412)
+            start, end, status = 0, len(data), 200
+            wanted = self.headers.get("Range")
+            if wanted and server.ranges and wanted.startswith("bytes="):
+                first, _, last = wanted[len("bytes=") :].partition("-")
+                start = int(first)
+                end = min(len(data), int(last) + 1) if last else len(data)
+                if start >= len(data):
+                    return self._empty(416, {"Content-Range": f"bytes */{len(data)}"})
+                status = 206
+            self.send_response(status)
+            self.send_header("Content-Length", str(end - start))
+            self.send_header("Accept-Ranges", "bytes" if server.ranges else "none")
+            self.send_header("Last-Modified", "Mon, 07 Dec 2026 10:00:00 GMT")
+            if server.etags:
+                self.send_header("ETag", etag)
+            if status == 206:
+                self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+            self.end_headers()
+            if not head:
+                self.wfile.write(data[start:end])
+
+    return Handler
+
+
+@contextmanager
+def serve_https(folder: Path, server: HttpsServer | None = None) -> Iterator[HttpsServer]:
+    """Serves ``server`` over TLS on a free loopback port until the block ends; the test
+    authority's certificate is ``folder / "ca.pem"``."""
+    server = server or HttpsServer()
+    _, certificate, key = make_certificates(folder)
+    http = ThreadingHTTPServer(("127.0.0.1", 0), _handler(server))
+    http.daemon_threads = True
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certificate, key)
+    http.socket = context.wrap_socket(http.socket, server_side=True)
+    server.port = http.server_address[1]
+    thread = threading.Thread(target=http.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        http.shutdown()
+        http.server_close()
