@@ -123,7 +123,10 @@ def test_invalid_top_level(data: Any, detail: str) -> None:
     "uri",
     [
         "http://bucket/key",
-        "https://bucket/key",
+        "https://bucket/",
+        "https://user@host/key",
+        "hf://models/o/n/key",
+        "gs://bucket",
         "S3://bucket/key",
         "s3:/bucket/key",
         "s3://bucket",
@@ -157,6 +160,9 @@ def test_invalid_shard_uri(uri: str) -> None:
         "s3://b/k%2Fx",
         "file:///data/x.parquet",
         "file:///x",
+        "gs://bucket/a/b.parquet",
+        "https://data.example.org/corpus/part-0.parquet",
+        "hf://datasets/org/corpus@main/data/part-0.parquet",
     ],
 )
 def test_valid_shard_uri(uri: str) -> None:

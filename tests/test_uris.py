@@ -10,6 +10,7 @@ import pytest
 
 from syvain_training_data.manifest import parse_manifest
 from syvain_training_data.uris import (
+    bucket_key,
     check_bucket_name,
     check_shard_scheme,
     check_uri,
@@ -74,6 +75,8 @@ def test_the_shared_table_of_valid_uris(case) -> None:
     elif "origin" in case:
         netloc, path = https_host_path(uri)
         assert (f"https://{netloc}", path) == (case["origin"], case["http_path"])
+    elif "gs_bucket" in case:
+        assert bucket_key(uri, "gs://") == (case["gs_bucket"], case["key"])
     elif "hub_path" in case:
         assert case["hub_path"].endswith("/" + hub_path(uri))
     else:

@@ -143,8 +143,9 @@ def _check_shard_uri(uri: str) -> str:
     except ValueError as error:
         raise ValueError(
             "shard URI must be s3://bucket/key (bucket and key non-empty, the bucket name "
-            f"without / ? # @ : %, whitespace or control characters), file:///absolute/path, "
-            f"https://host/path or hf://datasets/owner/name@revision/path: {error}"
+            f"without / ? # @ : %, whitespace or control characters), gs://bucket/key, "
+            "file:///absolute/path, https://host/path or "
+            f"hf://datasets/owner/name@revision/path: {error}"
         ) from None
 
 

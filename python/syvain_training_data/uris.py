@@ -1,7 +1,8 @@
 """The URIs of SPEC section 4: parsing, the untrusted-manifest scheme rule, and etags.
 
-A URI is ``s3://bucket/key``, ``file:///absolute/path``, ``https://host[:port]/path`` or
-``hf://datasets/owner/name[@revision]/path`` (the last two read-only); schemes are lower case,
+A URI is ``s3://bucket/key``, ``gs://bucket/key`` (read-only for now), ``file:///absolute/path``,
+``https://host[:port]/path`` or ``hf://datasets/owner/name[@revision]/path`` (read-only); schemes
+are lower case,
 and ``file:/path`` and ``file://host/path`` are not URIs here. An https:// URI holds no user
 info, query or fragment: a request goes only where the URI says. These are the rules of the
 Rust side (``Location::parse`` in ``rust/core/src/object_stores.rs``), which reads every
@@ -35,10 +36,12 @@ from urllib.parse import urlsplit
 
 __all__ = [
     "FILE_PREFIX",
+    "GS_PREFIX",
     "HTTPS_PREFIX",
     "HUB_PREFIX",
     "S3_PREFIX",
     "Scheme",
+    "bucket_key",
     "check_bucket_name",
     "check_shard_scheme",
     "check_uri",
@@ -53,11 +56,12 @@ __all__ = [
 ]
 
 S3_PREFIX: Final = "s3://"
+GS_PREFIX: Final = "gs://"
 FILE_PREFIX: Final = "file://"
 HTTPS_PREFIX: Final = "https://"
 HUB_PREFIX: Final = "hf://"
 
-type Scheme = Literal["s3", "file", "https", "hf"]
+type Scheme = Literal["s3", "gs", "file", "https", "hf"]
 
 # hf://datasets/owner/name[@revision]/path: the Hub's repository names.
 _HUB_URI: Final = re.compile(
@@ -120,15 +124,21 @@ def _key_problem(key: str, what: str = "key") -> str | None:
 def s3_bucket_key(uri: str) -> tuple[str, str]:
     """``(bucket, key)`` of ``s3://bucket/key``; ValueError unless both are non-empty and valid
     (:func:`check_bucket_name`, the key rules of the module docstring)."""
-    if uri.startswith(S3_PREFIX):
-        bucket, slash, key = uri[len(S3_PREFIX) :].partition("/")
+    return bucket_key(uri, S3_PREFIX)
+
+
+def bucket_key(uri: str, prefix: str) -> tuple[str, str]:
+    """``(bucket, key)`` of ``{prefix}bucket/key`` (``s3://`` or ``gs://``, with one rule for
+    buckets and keys); ValueError unless both are non-empty and valid."""
+    if uri.startswith(prefix):
+        bucket, slash, key = uri[len(prefix) :].partition("/")
         if bucket and slash and key:
             _refuse_request_changing_characters(bucket)
             problem = _bucket_problem(bucket) or _key_problem(key)
             if problem:
                 raise ValueError(f"{uri!r} is not a valid object URI: {problem}")
             return bucket, key
-    raise ValueError(f"{uri!r} is not an s3://bucket/key URI (bucket and key non-empty)")
+    raise ValueError(f"{uri!r} is not a {prefix}bucket/key URI (bucket and key non-empty)")
 
 
 def file_path(uri: str) -> str:
@@ -181,8 +191,8 @@ def check_uri(uri: str) -> str:
     """Returns ``uri`` if it is ``s3://bucket/key``, ``file:///absolute/path``,
     ``https://host/path`` or ``hf://datasets/owner/name@revision/path``; else a ValueError
     saying what is wrong."""
-    if uri.startswith(S3_PREFIX):
-        s3_bucket_key(uri)
+    if uri.startswith((S3_PREFIX, GS_PREFIX)):
+        bucket_key(uri, uri[: uri.index("://") + 3])
     elif uri.startswith(FILE_PREFIX):
         file_path(uri)
     elif uri.startswith(HTTPS_PREFIX):
@@ -191,25 +201,25 @@ def check_uri(uri: str) -> str:
         hub_path(uri)
     else:
         raise ValueError(
-            f"{uri!r} is none of s3://bucket/key, file:///absolute/path, https://host/path "
-            "and hf://datasets/owner/name@revision/path"
+            f"{uri!r} is none of s3://bucket/key, gs://bucket/key, file:///absolute/path, "
+            "https://host/path and hf://datasets/owner/name@revision/path"
         )
     return uri
 
 
 def scheme_of(uri: str) -> Scheme:
-    """``"s3"``, ``"file"``, ``"https"`` or ``"hf"``; ValueError for any other scheme."""
-    schemes: tuple[Scheme, ...] = ("s3", "file", "https", "hf")
+    """``"s3"``, ``"gs"``, ``"file"``, ``"https"`` or ``"hf"``; ValueError for any other."""
+    schemes: tuple[Scheme, ...] = ("s3", "gs", "file", "https", "hf")
     for scheme in schemes:
         if uri.startswith(f"{scheme}://"):
             return scheme
-    raise ValueError(f"{uri!r} is none of an s3://, file://, https:// and hf:// URI")
+    raise ValueError(f"{uri!r} is none of an s3://, gs://, file://, https:// and hf:// URI")
 
 
 def host_of(uri: str) -> str:
     """Where a request for ``uri`` goes, for the untrusted-manifest rule: the bucket of an s3://
     URI is not a host (every bucket of the client's endpoint is alike), so ``""`` for s3://,
-    file:// and hf:// (the Hub), ``host[:port]`` for https://."""
+    gs://, file:// and hf:// (the Hub), ``host[:port]`` for https://."""
     return https_host_path(uri)[0].lower() if uri.startswith(HTTPS_PREFIX) else ""
 
 

@@ -27,6 +27,7 @@ from typing import Final
 
 from syvain_training_data.formats.registry import FORMATS
 from syvain_training_data.uris import (
+    GS_PREFIX,
     HTTPS_PREFIX,
     HUB_PREFIX,
     file_path,
@@ -67,10 +68,10 @@ def encode_segment(value: str, what: str = "path segment") -> str:
 
 
 def manifest_key(manifest_uri: str) -> str:
-    if manifest_uri.startswith((HTTPS_PREFIX, HUB_PREFIX)):
+    if manifest_uri.startswith((HTTPS_PREFIX, HUB_PREFIX, GS_PREFIX)):
         raise ValueError(
-            f"manifest_uri {manifest_uri!r}: https:// and hf:// stores are read-only; publish "
-            "to s3:// or file:// and serve the files from there"
+            f"manifest_uri {manifest_uri!r}: gs://, https:// and hf:// stores are read-only; "
+            "publish to s3:// or file:// and copy or serve the files from there"
         )
     try:
         if scheme_of(manifest_uri) == "s3":

@@ -121,7 +121,7 @@ impl Storage {
             }
             // An https:// or hf:// read is held to the etag its caller saw (a manifest's are
             // not passed: a mirror's etags are its own), else to its first response's.
-            Location::S3 { .. } | Location::Http { .. } => etag,
+            Location::S3 { .. } | Location::Gcs { .. } | Location::Http { .. } => etag,
         };
         if start > size {
             return Err(NativeError::Config(format!(
