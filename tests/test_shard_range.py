@@ -90,25 +90,31 @@ def test_skipped_msgpack_frames_are_not_decompressed():
     )
 
 
-def test_skipped_jsonl_lines_are_not_parsed(caplog):
-    body = b'{"i":0}\nnot json\n\n  \n[1]\n{"i":3}\n{"i":4}\n'
+def test_skipped_jsonl_lines_are_not_built_nor_logged(caplog):
+    # Records: 0 {"i":0}, 1 {"i":1}, 2 {"i":3}, 3 {"i":4}; "not json" and "[1]" are skipped
+    # lines, never records, and before the range they are validated, not built or logged.
+    body = b'{"i":0}\nnot json\n{"i":1}\n\n  \n[1]\n{"i":3}\n{"i":4}\n'
     data = gzip.compress(body)
     with caplog.at_level(logging.ERROR, logger="syvain_training_data"):
-        assert read("jsonl.gz", data, 5, 3) == [{"i": 3}, {"i": 4}]
+        assert read("jsonl.gz", data, 4, 3) == [{"i": 4}]
     assert caplog.records == []
 
 
-def test_jsonl_range_indices_count_non_blank_lines_and_log_invalid_ones(caplog):
-    # Non-blank lines: 0 {"i":0}, 1 "oops" (invalid), 2 {"i":2}, 3 {"i":3}.
+def test_jsonl_range_indices_count_records_as_the_whole_read_does(caplog):
+    # Records (JSON objects): 0 {"i":0}, 1 {"i":2}, 2 {"i":3}; "oops" is skipped by the reader,
+    # so it is not a record in a range read either (it once was: a range then started a
+    # record early). The range that reads past it logs it.
     body = b'{"i":0}\n\noops\n   \n{"i":2}\n{"i":3}\n'
     data = gzip.compress(body)
     with caplog.at_level(logging.ERROR, logger="syvain_training_data"):
-        assert read("jsonl.gz", data, 4, 1, 3) == [{"i": 2}]
-        assert read("jsonl.gz", data, 4, 2) == [{"i": 2}, {"i": 3}]
+        assert read("jsonl.gz", data, 3, 1, 2) == [{"i": 2}]
+        assert read("jsonl.gz", data, 3, 2) == [{"i": 3}]
+        assert read("jsonl.gz", data, 3, 0, 1) == [{"i": 0}]
     assert [r.getMessage() for r in caplog.records] == [f"Skipping invalid JSON record in {URI}:3"]
-    # A full read keeps counting valid records only: 3 of them.
     with caplog.at_level(logging.CRITICAL, logger="syvain_training_data"):
         assert read("jsonl.gz", data, 3) == [{"i": 0}, {"i": 2}, {"i": 3}]
+        for start, stop in [(0, 3), (1, 3), (0, 2), (2, 3)]:
+            assert read("jsonl.gz", data, 3, start, stop) == read("jsonl.gz", data, 3)[start:stop]
 
 
 def test_corrupt_length_headers_in_the_skipped_part_are_errors():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Final, Protocol
 
-from syvain_training_data.cli import bench, cp, demo, head, index, inspect, verify
+from syvain_training_data.cli import adopt, bench, cp, demo, head, index, inspect, verify
 
 if TYPE_CHECKING:
     from syvain_training_data.cli.context import Context
@@ -34,6 +34,7 @@ COMMANDS: Final[dict[str, _Command]] = {
     "head": head,
     "cp": cp,
     "index": index,
+    "adopt": adopt,
     "bench": bench,
     "demo": demo,
 }

@@ -3,6 +3,7 @@
 //! [`JsonlLines`] is the pure-Rust core of the decoder: it hands out batches of candidate lines
 //! (JSON parsing happens under the GIL, straight into Python objects).
 
+use super::columnar::is_json_record;
 use super::gzip::Gunzip;
 use super::{count_mismatch, found_more, DecodeFailure, RecordRange, MAX_LINE_BYTES};
 use crate::source::ByteSource;
@@ -55,7 +56,8 @@ pub struct JsonlLines {
     done: bool,
     /// A partial read (`None`: the whole shard, with no count checks here).
     range: Option<RecordRange>,
-    /// Non-blank lines passed so far: in a range read, the index of the next record.
+    /// Records (lines holding a JSON object) passed so far: in a range read, the index of the
+    /// next record.
     records: u64,
     /// An end-of-range error held back until the lines before it are handed out.
     failure: Option<DecodeFailure>,
@@ -81,8 +83,8 @@ impl JsonlLines {
         }
     }
 
-    /// Reads only the records of `range`, a record being a non-blank line: lines before its
-    /// start are passed by looking for "\n" (never parsed), reading stops after its last record,
+    /// Reads only the records of `range`, a record being a line holding a JSON object: lines
+    /// before its start are validated, never built, reading stops after its last record,
     /// and the count is checked here (at least `stop` records; exactly `declared` when the
     /// range reaches the end). A full range keeps the whole-shard semantics.
     pub fn with_range(mut self, range: RecordRange) -> Self {
@@ -166,21 +168,28 @@ impl JsonlLines {
         }
         let invalid_utf8 = || DecodeFailure::shard(format!("invalid UTF-8 in line {number}"));
         match self.range {
-            // Before the range: only whether the line is a record matters.
+            // Before the range: only whether the line is a record matters. A record is a line
+            // holding a JSON object, as the reader yields it: a line that is not one is
+            // skipped by the reader, so it must not be counted here either, or a range would
+            // start a record early (its predecessor read twice, its last record never).
             Some(range) if self.records < range.start => {
-                if !is_blank_bytes(bytes).ok_or_else(invalid_utf8)? {
+                if !is_blank_bytes(bytes).ok_or_else(invalid_utf8)? && is_json_record(bytes) {
                     self.records += 1;
                 }
             }
             range => {
                 let text = std::str::from_utf8(bytes).map_err(|_| invalid_utf8())?;
                 if !is_blank(text) {
+                    // Counted only in a range read (a whole read is counted by its parser);
+                    // the line is handed on either way, so an invalid one is still logged.
                     if let Some(range) = range {
-                        if self.records == range.declared {
-                            return Err(DecodeFailure::shard(found_more(range.declared)));
+                        if is_json_record(bytes) {
+                            if self.records == range.declared {
+                                return Err(DecodeFailure::shard(found_more(range.declared)));
+                            }
+                            self.records += 1;
                         }
                     }
-                    self.records += 1;
                     self.lines.push(Line {
                         number,
                         start: self.line_start,
@@ -382,19 +391,31 @@ mod tests {
     }
 
     #[test]
-    fn range_indices_count_non_blank_lines_and_skip_without_parsing() {
-        // Record 1 is not JSON: skipped lines are never parsed, only counted.
-        let text = b"{\"a\":0}\n\n not json \n \t\n{\"a\":2}\n{\"a\":3}\n";
+    fn range_indices_count_json_objects_as_the_reader_yields_them() {
+        // Line 3 is not JSON and line 4 not an object: the reader skips both, so they are not
+        // records (3 records in all); each is handed on once, to the range that reads past it,
+        // which logs it.
+        let text = b"{\"a\":0}\n\n not json \n[1]\n \t\n{\"a\":2}\n{\"a\":3}\n";
         assert_eq!(
-            range_lines(text, range(4, 2, 4)).unwrap(),
-            vec![(5, "{\"a\":2}".to_owned()), (6, "{\"a\":3}".to_owned())]
+            range_lines(text, range(3, 2, 3)).unwrap(),
+            vec![(7, "{\"a\":3}".to_owned())]
         );
         assert_eq!(
-            range_lines(text, range(4, 1, 2)).unwrap(),
-            vec![(3, " not json ".to_owned())]
+            range_lines(text, range(3, 1, 2)).unwrap(),
+            vec![
+                (3, " not json ".to_owned()),
+                (4, "[1]".to_owned()),
+                (6, "{\"a\":2}".to_owned())
+            ]
         );
-        assert_eq!(range_lines(text, range(4, 4, 4)).unwrap(), vec![]);
-        assert_eq!(range_lines(text, range(4, 0, 0)).unwrap(), vec![]);
+        assert_eq!(
+            range_lines(text, range(3, 0, 1)).unwrap(),
+            vec![(1, "{\"a\":0}".to_owned())]
+        );
+        assert_eq!(range_lines(text, range(3, 3, 3)).unwrap(), vec![]);
+        assert_eq!(range_lines(text, range(3, 0, 0)).unwrap(), vec![]);
+        // A count that took the invalid lines for records would find more than declared.
+        assert!(range_lines(text, range(5, 4, 5)).is_err());
         // Unicode whitespace is blank too; the skip looks at it as text.
         let unicode = "\u{3000}\n{}\n{}".as_bytes();
         assert_eq!(
