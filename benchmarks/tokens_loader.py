@@ -25,12 +25,24 @@ the local directory store. Cases, each at 0 and 2 DataLoader workers (fork), bes
   a decoder thread and Python busy, this is what any worker design could reach.
 - ``floor``: the same shards (already in memory) decompressed and parsed in Rust with nothing
   handed to Python (``_native._decode_only``, a benchmark-only helper).
+- ``tokenize``: ``load_tokens(text_column="text", tokenizer=tok)`` over text records (about
+  220 words each, Zipf-drawn from 30,000 generated words) in msgpack.zstf shards, ``tok`` a BPE
+  ``tokenizers.Tokenizer`` of 8,000 ids trained on them (untimed); ``tokenize steady`` likewise
+  with one loader over passes (persistent workers). Against ``tokenize floor``: the
+  tokenizer's own ``encode_batch`` (``encode_batch_fast`` where it exists, as the loader calls
+  it) over the same texts, already in memory, in one process and one call.
+- ``callable``, ``callable steady``: the same with a pure-Python tokenizer (a dict lookup per
+  word, which holds the GIL), against ``callable floor``, that tokenizer over the same texts in
+  one call (each floor is the best of its measures before, between and after the loader
+  cases); ``slow callable steady``, a slower one (an id per two letters), 2 workers over 0.
 - ``litdata``: with --peer-python (a Python with litdata, e.g. scripts/peer_env.sh), the same
   tokens optimized for litdata (untimed) and read with its ``TokensLoader`` blocks of seq_len;
   ``litdata steady`` likewise with persistent workers, from the second pass on.
 
-Prints one JSON line per case and a summary of ratios against the dict path.
+Prints one JSON line per case and a summary of ratios against the dict path (and of the
+tokenize cases against their floor). --text-only runs the tokenize and callable cases alone.
 Run: .venv/bin/python benchmarks/tokens_loader.py [--records 4000] [--peer-python PATH]
+[--text-records 4000] [--text-only]
 """
 
 from __future__ import annotations
@@ -286,12 +298,204 @@ def litdata_rate(
         return result["rate"], result["tokens"]
 
 
+def texts(count: int, seed: int = 0) -> list[str]:
+    """Text records of 150 to 300 words, Zipf-drawn from 30,000 generated words."""
+    rng = random.Random(seed)
+    letters = "etaoinshrdlucmfwypvbgkjqxz"
+    vocabulary = [
+        "".join(rng.choices(letters, weights=range(26, 0, -1), k=rng.randint(2, 10)))
+        for _ in range(30_000)
+    ]
+    weights = [1 / rank for rank in range(1, len(vocabulary) + 1)]
+    return [
+        " ".join(rng.choices(vocabulary, weights, k=rng.randint(150, 300))) for _ in range(count)
+    ]
+
+
+def write_texts(root: str, records: list[str]) -> str:
+    client = SyvainTrainingData()
+    uri = f"file://{root}/text/data-manifest.json"
+    saver = client.dataset_saver(uri, data_format="msgpack.zstf")
+    per = -(-len(records) // SHARDS)
+    for shard in range(SHARDS):
+        chunk = records[shard * per : (shard + 1) * per]
+        saver.save("train", None, [{"text": t} for t in chunk], shard_id=f"{shard:03d}")
+    saver.commit_manifest()
+    return uri
+
+
+def bpe(records: list[str]) -> Any:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator(
+        records, trainers.BpeTrainer(vocab_size=8000, special_tokens=["[UNK]"], show_progress=False)
+    )
+    return tokenizer
+
+
+class WordIds:
+    """A pure-Python tokenizer (picklable): an id per whitespace-separated word."""
+
+    def __init__(self, vocabulary: dict[str, int]) -> None:
+        self.vocabulary = vocabulary
+
+    def __call__(self, batch: list[str]) -> list[list[int]]:
+        get = self.vocabulary.get
+        return [[get(word, 0) for word in text.split()] for text in batch]
+
+
+class PairIds:
+    """A slower pure-Python tokenizer (picklable): an id per two letters of each word."""
+
+    def __call__(self, batch: list[str]) -> list[list[int]]:
+        out = []
+        for text in batch:
+            ids = []
+            for word in text.split():
+                for i in range(0, len(word), 2):
+                    ids.append((ord(word[i]) * 131 + ord(word[min(i + 1, len(word) - 1)])) % 8000)
+            out.append(ids)
+        return out
+
+
+def encode_floor(tokenizer: Any, records: list[str], repeat: int) -> tuple[float, int]:
+    """The tokenizer's own batch encoding of ``records`` in one call (the loader's method)."""
+    encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+    best, tokens = 0.0, 0
+    for _ in range(repeat):
+        start = time.perf_counter()
+        encodings = encode(records, add_special_tokens=False)
+        seconds = time.perf_counter() - start
+        tokens = sum(map(len, encodings))
+        best = max(best, tokens / seconds)
+    return best, tokens
+
+
+def call_floor(tokenizer: Any, records: list[str], repeat: int) -> tuple[float, int]:
+    """A callable tokenizer over ``records`` in one call."""
+    best, tokens = 0.0, 0
+    for _ in range(repeat):
+        start = time.perf_counter()
+        tokens = sum(map(len, tokenizer(records)))
+        best = max(best, tokens / (time.perf_counter() - start))
+    return best, tokens
+
+
+def best_of(cases: dict[str, tuple[float, int]], case: str, found: tuple[float, int]) -> None:
+    """Keeps the better of ``cases[case]`` and ``found``."""
+    if case not in cases or found[0] > cases[case][0]:
+        cases[case] = found
+
+
+def text_cases(root: str, count: int, repeat: int) -> dict[str, tuple[float, int]]:
+    """``tokenize`` (and ``steady``) and ``callable`` at 0 and 2 workers, and their floors."""
+    records = texts(count)
+    uri = write_texts(root, records)
+    tokenizer = bpe(records)
+    words = WordIds({w: i for i, w in enumerate(sorted({w for t in records for w in t.split()}))})
+    cases: dict[str, tuple[float, int]] = {}
+
+    def floors() -> None:
+        # Measured before, between and after the loader cases, the best kept: on a shared
+        # machine a floor taken once could fall in a slow moment and flatter the ratios.
+        best_of(cases, "tokenize floor", encode_floor(tokenizer, records, repeat))
+        best_of(cases, "callable floor", call_floor(words, records, repeat))
+
+    floors()
+    client = SyvainTrainingData()
+    by_tokenizer = {"text_column": "text", "tokenizer": tokenizer}
+    by_callable = {"text_column": "text", "tokenizer": words, "tokenizer_name": "words"}
+    by_slow = {"text_column": "text", "tokenizer": PairIds(), "tokenizer_name": "pairs"}
+    for workers in (0, 2):
+        args: dict[str, Any] = {"batch_size": BATCH, "num_workers": workers}
+        if workers:
+            args["multiprocessing_context"] = "fork"
+        loader = client.split_data_loader(uri, None, args)
+        cases[f"tokenize@{workers}"] = timed(
+            lambda loader=loader: loader.load_tokens("train", seq_len=SEQ_LEN, **by_tokenizer),
+            torch.numel,
+            repeat,
+        )
+        steady_args = dict(args, persistent_workers=True) if workers else args
+        cases[f"tokenize steady@{workers}"] = steady_rate(
+            client.split_data_loader(uri, None, steady_args).load_tokens(
+                "train", seq_len=SEQ_LEN, **by_tokenizer
+            ),
+            torch.numel,
+            repeat,
+        )
+        cases[f"callable@{workers}"] = timed(
+            lambda loader=loader: loader.load_tokens("train", seq_len=SEQ_LEN, **by_callable),
+            torch.numel,
+            repeat,
+        )
+        cases[f"callable steady@{workers}"] = steady_rate(
+            client.split_data_loader(uri, None, steady_args).load_tokens(
+                "train", seq_len=SEQ_LEN, **by_callable
+            ),
+            torch.numel,
+            repeat,
+        )
+        cases[f"slow callable steady@{workers}"] = steady_rate(
+            client.split_data_loader(uri, None, steady_args).load_tokens(
+                "train", seq_len=SEQ_LEN, **by_slow
+            ),
+            torch.numel,
+            repeat,
+        )
+        floors()
+    return cases
+
+
+def text_summary(cases: dict[str, tuple[float, int]]) -> dict[str, float]:
+    floor_rate, callable_floor = cases["tokenize floor"][0], cases["callable floor"][0]
+    ratios = {}
+    for workers in (0, 2):
+        for case in ("tokenize", "tokenize steady"):
+            ratios[f"{case}/floor@{workers}"] = round(cases[f"{case}@{workers}"][0] / floor_rate, 2)
+        for case in ("callable", "callable steady"):
+            ratios[f"{case}/callable floor@{workers}"] = round(
+                cases[f"{case}@{workers}"][0] / callable_floor, 2
+            )
+    for case in (
+        "tokenize",
+        "tokenize steady",
+        "callable",
+        "callable steady",
+        "slow callable steady",
+    ):
+        ratios[f"{case} 2 workers/0 workers"] = round(
+            cases[f"{case}@2"][0] / cases[f"{case}@0"][0], 2
+        )
+    return ratios
+
+
+def print_text_cases(root: str, count: int, repeat: int) -> dict[str, float]:
+    cases = text_cases(root, count, repeat)
+    for case, (rate, tokens) in cases.items():
+        name, _, workers = case.partition("@")
+        row: dict[str, Any] = {"case": name, "tokens_per_s": round(rate), "tokens": tokens}
+        if workers:
+            row["workers"] = int(workers)
+        print(json.dumps(row))
+    return text_summary(cases)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=4000)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--peer-python")
+    parser.add_argument("--text-records", type=int, default=4000)
+    parser.add_argument("--text-only", action="store_true")
     options = parser.parse_args()
+    if options.text_only:
+        with tempfile.TemporaryDirectory() as root:
+            ratios = print_text_cases(root, options.text_records, options.repeat)
+        print(json.dumps({"summary": ratios}))
+        return
     docs = documents(options.records)
     total = sum(map(len, docs))
     print(json.dumps({"records": len(docs), "tokens": total, "shards": SHARDS}))
@@ -339,6 +543,7 @@ def main() -> None:
                         }
                     )
                 )
+        text_ratios = print_text_cases(root, options.text_records, options.repeat)
     ratios = {}
     for workers in (0, 2):
         base = summary[f"dict@{workers}"]
@@ -380,7 +585,7 @@ def main() -> None:
             ratios[f"{case}/litdata steady@2"] = round(
                 summary[f"{case}@2"] / summary["litdata steady@2"], 2
             )
-    print(json.dumps({"summary": ratios}))
+    print(json.dumps({"summary": ratios | text_ratios}))
 
 
 if __name__ == "__main__":

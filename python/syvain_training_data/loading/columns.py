@@ -29,7 +29,13 @@ from syvain_training_data.loading.reader import ShardRange
 from syvain_training_data.loading.shard_indexes import ShardIndexes
 from syvain_training_data.loading.transfer import BatchRing, for_transfer
 
-__all__ = ["ColumnDataLoader", "ColumnDataset", "TensorCollate", "lengths_key"]
+__all__ = [
+    "ColumnDataLoader",
+    "ColumnDataset",
+    "TensorCollate",
+    "lengths_key",
+    "python_columns",
+]
 
 # Slots of a column loader's batch ring: a batch tensor up to this size travels through it (a
 # larger one through torch's shared memory, as fast as the pipe from about this size on). Only
@@ -127,7 +133,7 @@ def _batch_records(batch: Any, columns: Sequence[str]) -> Iterator[dict[str, Any
         bounds = offsets.tolist()
         by_column[column] = [values[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
     if others:
-        by_column.update(_python_columns(batch, others))
+        by_column.update(python_columns(batch, others))
     for row in range(batch.num_rows):
         record = {}
         for column in columns:
@@ -137,7 +143,9 @@ def _batch_records(batch: Any, columns: Sequence[str]) -> Iterator[dict[str, Any
         yield record
 
 
-def _python_columns(batch: Any, columns: Sequence[str]) -> dict[str, list[Any]]:
+def python_columns(batch: Any, columns: Sequence[str]) -> dict[str, list[Any]]:
+    """``columns`` of a native or pyarrow batch as Python values, a list per column (None for a
+    null, a record without the key)."""
     if not isinstance(batch, ShardBatch):  # pyarrow's own (Parquet)
         return {column: batch.column(column).to_pylist() for column in columns}
 

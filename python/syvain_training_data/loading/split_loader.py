@@ -449,7 +449,7 @@ class SplitDataLoader:
         infinite_iter: bool = False,
         *,
         seq_len: int,
-        column: str = "tokens",
+        column: str | None = None,
         eos_id: int | None = None,
         curriculum_stages: Sequence[str] | None = None,
         rank: int | None = None,
@@ -468,16 +468,20 @@ class SplitDataLoader:
         truncate: str = "right",
         indexes: bool | None = None,
         index_root: str | None = None,
+        text_column: str | None = None,
+        tokenizer: object = None,
+        tokenizer_name: str | None = None,
     ) -> Any:
         """Packed token blocks: a DataLoader of int64 tensors of shape (batch_size, seq_len)
         (with ``infinite_iter``, an endless iterator of them). ``collate_fn`` is not used.
 
         Records are selected, ordered and split across ranks and workers as by :meth:`load`
         (same arguments). Each consumer concatenates its records' ``column`` (a list of int
-        token ids), with ``eos_id`` after each record when given, in epoch order, and cuts it
-        into blocks of ``seq_len`` tokens; ``batch_size`` blocks (from ``dataloader_args``)
-        make a batch, the last smaller one dropped with ``drop_last``. Within an epoch no token
-        is yielded twice; fewer than ``seq_len`` tokens per consumer are left out.
+        token ids; ``"tokens"`` when not given), or their ``text_column`` tokenized (below),
+        with ``eos_id`` after each record when given, in epoch order, and cuts it into blocks
+        of ``seq_len`` tokens; ``batch_size`` blocks (from ``dataloader_args``) make a batch,
+        the last smaller one dropped with ``drop_last``. Within an epoch no token is yielded
+        twice; fewer than ``seq_len`` tokens per consumer are left out.
 
         ``state_dict()`` holds each worker's position (records consumed, token offset in the
         next), never tokens, and resumes exactly like :meth:`load`'s on any number of ranks,
@@ -502,6 +506,18 @@ class SplitDataLoader:
         is a ValueError naming the first difference. States of ``mixing_weights`` loaders
         resume a schedule whose first entry has the same weights.
 
+        Tokenize on the fly: ``text_column="text", tokenizer=tok`` instead of ``column``. Each
+        record's ``text_column`` (a str) is tokenized where it is read (in the DataLoader
+        workers, or the main process at 0 workers), 256 records per tokenizer call, then packed
+        as token ids read from a column would be (``eos_id``, ``documents``, ``pack=False``
+        alike; not with ``loss_mask_column``). ``tok`` is a ``tokenizers.Tokenizer``, encoded
+        with ``add_special_tokens=False`` (``eos_id`` separates documents), or a picklable
+        callable ``list[str] -> list[list[int]]`` given a ``tokenizer_name``. The tokenizer must
+        be deterministic: a state counts records and the token offset in the next record, never
+        tokens, and resumes exactly on any topology. It names the tokenizer (the sha256 of a
+        ``tokenizers.Tokenizer``'s ``to_str()``, or ``tokenizer_name``), so resuming with
+        another one is a ValueError naming both.
+
         Batches are dicts instead of tensors when any of these is given (every one keeps the
         columnar path, the batch ring and exact resume):
 
@@ -525,13 +541,27 @@ class SplitDataLoader:
                 missing with ``pack=False`` or given without it; an unknown ``truncate``; a
                 record without ``column`` or whose ``column`` is not a list of ints, or whose
                 loss mask is not a list of 0/1 of its tokens' length (when read, naming the
-                shard and record).
+                shard and record); ``tokenizer`` without ``text_column`` or the reverse,
+                ``text_column`` with ``column`` or ``loss_mask_column``, a callable without
+                ``tokenizer_name``; a record whose text is missing or not a str, a tokenizer
+                answer that is not one list of ints per text, a token id beyond int64 (when
+                read, naming the shard and record).
+            TypeError: ``tokenizer`` neither a ``tokenizers.Tokenizer`` nor callable,
+                ``text_column`` or ``tokenizer_name`` not a str.
         """
         boolean(stateful, "stateful")  # kept for compatibility: every loader is stateful
         boolean(documents, "documents")
         boolean(pack, "pack")
+        from syvain_training_data.loading.text_tokens import text_tokenizer
         from syvain_training_data.loading.tokens import TokenDataLoader, TokenDataset
 
+        text = text_tokenizer(text_column, tokenizer, tokenizer_name, column)
+        column = "tokens" if column is None else column
+        if text is not None and loss_mask_column is not None:
+            raise ValueError(
+                "loss_mask_column is for token columns: a mask per token cannot be aligned with "
+                "tokens made from text_column"
+            )
         seq_len = arguments.check_int(seq_len, "seq_len")
         if seq_len < 1:
             raise ValueError(f"seq_len must be at least 1, got {seq_len}")
@@ -573,6 +603,7 @@ class SplitDataLoader:
             documents=documents,
             mask_column=loss_mask_column,
             rows=rows,
+            text=text,
         )
         loader = TokenDataLoader(dataset, log_stats_every=options.log_stats_every, **args)
         return _delivered(loader, options)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch.utils.data import get_worker_info
 
+from syvain_training_data.errors import ShardDataError
 from syvain_training_data.loading import plan, token_plan, token_state
 from syvain_training_data.loading import schedule as schedules
 from syvain_training_data.loading import state as checks
@@ -50,8 +51,14 @@ from syvain_training_data.loading.packing import (
 from syvain_training_data.loading.reader import ShardRange, consumer_records
 from syvain_training_data.loading.shard_indexes import ShardIndexes
 from syvain_training_data.loading.stats import PUBLISH_MASK
+from syvain_training_data.loading.text_tokens import (
+    TextTokenizer,
+    text_problem,
+    tokenizer_refusal,
+)
 from syvain_training_data.loading.token_state import merge_token_states
 from syvain_training_data.loading.transfer import BatchRing, for_transfer
+from syvain_training_data.shard import iter_shard
 
 __all__ = ["TokenDataLoader", "TokenDataset", "merge_token_states"]
 
@@ -73,10 +80,13 @@ class TokenDataset(ShardDataset):
         documents: bool = False,
         mask_column: str | None = None,
         rows: RowOptions | None = None,
+        text: TextTokenizer | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.column = column
+        # Tokenizes a text column instead of reading ``column`` (load_tokens(text_column=)).
+        self.text = text
         self.seq_len = seq_len
         self.eos_id = eos_id
         self.mask_column = mask_column
@@ -105,7 +115,8 @@ class TokenDataset(ShardDataset):
         size may change between runs); of ``read_plan`` instead of this dataset's when given
         (the plan's ``earlier_release`` digest: see :meth:`ReadPlan.fingerprint`)."""
         selection = (read_plan or self.read_plan).fingerprint(earlier_release)
-        text = f"{selection}:{STATE_KIND}:{self.column}:{self.eos_id}"
+        source = self.column if self.text is None else f"text:{self.text.column}:{self.text.name}"
+        text = f"{selection}:{STATE_KIND}:{source}:{self.eos_id}"
         if self.rows is not None:  # a row per record: no state of packed blocks applies
             text += f":rows:{self.rows.truncate}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -190,25 +201,57 @@ class TokenDataset(ShardDataset):
             counters.yielded(index)  # records read (a cut one counts once)
 
     def _open(self, shard_range: ShardRange, indexes: ShardIndexes | None) -> Iterator[Records]:
-        """A shard range's decoded batches, each as one run: the token column's int64 values,
-        the offsets of its records in them and their loss mask, sliced from the columnar
-        batches with no Python object per token."""
+        """A shard range's decoded batches, each as one run (or, tokenizing, a run per
+        tokenizer call): the token column's int64 values, the offsets of its records in them
+        and their loss mask, sliced from the columnar batches with no Python object per
+        token."""
         table_index, start, stop = shard_range
         shard = self.table.shard(table_index)
-        columns = [self.column] if self.mask_column is None else [self.column, self.mask_column]
+        if self.text is not None:
+            columns = [self.text.column]
+        elif self.mask_column is None:
+            columns = [self.column]
+        else:
+            columns = [self.column, self.mask_column]
         batches = self.column_batches(shard, start, stop, indexes, columns)
         record = start
-        for batch in batches:
-            offsets, values = self._int_lists(batch, shard.uri)
-            mask = None
-            if self.mask_column is not None:
-                mask = loss_mask(batch, self.mask_column, offsets, len(values), shard.uri, record)
-            if self.rows is not None and self.rows.truncate == "error":
-                self._check_fits(offsets, shard.uri, record)
-            bounds = offsets.tolist()
-            record += len(bounds) - 1
-            if len(bounds) > 1:
-                yield Records(values, bounds, mask)
+        try:
+            for batch in batches:
+                for offsets, values, mask in self._token_lists(batch, shard.uri, record):
+                    if self.rows is not None and self.rows.truncate == "error":
+                        self._check_fits(offsets, shard.uri, record)
+                    bounds = offsets.tolist()
+                    record += len(bounds) - 1
+                    if len(bounds) > 1:
+                        yield Records(values, bounds, mask)
+        except ShardDataError as error:
+            if self.text is None:
+                raise
+            # The columnar decoder refuses a text column that mixes str with other values
+            # without naming the record: the records themselves do.
+            records = iter_shard(
+                self.data_format, shard, storage_config=self.storage_config, start=record, stop=stop
+            )
+            problem = text_problem(records, self.text.column, shard.uri, record)
+            if problem is None:
+                raise
+            raise problem from error
+
+    def _token_lists(
+        self, batch: Any, uri: str, first: int
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+        """(offsets, int64 values, loss mask or None) of a decoded batch's records, whose
+        first is record ``first`` of shard ``uri``: the token column's, or the text column's
+        tokens, a tokenizer call at a time."""
+        if self.text is not None:
+            for offsets, values in self.text.token_lists(batch, uri, first):
+                yield offsets, values, None
+            return
+        offsets, values = self._int_lists(batch, uri)
+        mask = None
+        if self.mask_column is not None:
+            mask = loss_mask(batch, self.mask_column, offsets, len(values), uri, first)
+        yield offsets, values, mask
 
     def _open_records(
         self, shard_range: ShardRange, indexes: ShardIndexes | None
@@ -336,6 +379,8 @@ class TokenDataLoader(EpochLoader[token_plan.TokenInterrupt]):
             "kind": STATE_KIND,
             "selection": self.dataset.fingerprint(),
         }
+        if self.dataset.text is not None:  # named, so that another tokenizer refuses it
+            state["tokenizer"] = self.dataset.text.name
         if progress is None:
             interrupts = [i.to_json() for i in self._resume]
             segments = self._segments if self._resume else None
@@ -394,21 +439,33 @@ class TokenDataLoader(EpochLoader[token_plan.TokenInterrupt]):
             self.dataset.read_plan = dataclasses.replace(read_plan, spread=resumed.spread)
         return resumed is not None
 
+    def _check_tokenizer(self, state: dict[str, Any]) -> None:
+        """ValueError naming both when ``state`` was made with another tokenizer than this
+        loader's, or with one where this loader reads a token column (or the reverse)."""
+        theirs = state.get("tokenizer")
+        if theirs is not None:
+            theirs = checks.string(theirs, "tokenizer")
+        text = self.dataset.text
+        if theirs != (None if text is None else text.name):
+            raise ValueError(tokenizer_refusal(theirs, text))
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Makes the next pass the rest of the epoch ``state`` was taken in, on this loader's
         topology. Raises ValueError for a state of another version, kind or selection, one
         that lacks some rank's positions, and, naming the field, for a field that is missing,
         of the wrong type or out of bounds (see :mod:`~syvain_training_data.loading.state`):
         every field is checked before anything is computed from it, and the positions against
-        the epoch's plan. With a mixing schedule, ValueError naming the first difference when
-        this loader's schedule differs from the state's at or before a position its runs
-        consumed (see :mod:`~syvain_training_data.loading.schedule`)."""
+        the epoch's plan. A state made with another tokenizer (``text_column=``,
+        ``tokenizer=``) is a ValueError naming both. With a mixing schedule, ValueError naming
+        the first difference when this loader's schedule differs from the state's at or before
+        a position its runs consumed (see :mod:`~syvain_training_data.loading.schedule`)."""
         if (
             not isinstance(state, dict)
             or state.get("version") != STATE_VERSION
             or state.get("kind") != STATE_KIND
         ):
             raise ValueError("Not a token loader state (state_dict of a load_tokens loader)")
+        self._check_tokenizer(state)
         selection = checks.string(checks.field(state, "selection"), "selection")
         resumed = self.dataset.read_plan.resumed_by(selection, self.dataset.fingerprint)
         ours = resumed is not None
