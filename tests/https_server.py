@@ -48,6 +48,7 @@ def make_certificates(folder: Path) -> tuple[Path, Path, Path]:
         .not_valid_before(valid[0])
         .not_valid_after(valid[1])
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
         .add_extension(
             x509.KeyUsage(
                 digital_signature=True,
@@ -75,6 +76,10 @@ def make_certificates(folder: Path) -> tuple[Path, Path, Path]:
         .not_valid_before(valid[0])
         .not_valid_after(valid[1])
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
