@@ -121,20 +121,21 @@ def test_a_fifo_or_device_is_refused_without_hanging(tmp_path):
         next(iter_parquet_shard(directory))
 
 
-def test_an_s3_shard_is_read_in_place_fetching_only_what_is_decoded(
-    seaweed, s3_bucket, unique_prefix, monkeypatch
-):
-    """No temporary file and no whole download: the footer, then the column chunks of the row
-    groups the range needs (and only the columns selected)."""
-    from syvain_training_data.formats.parquet import iter_parquet_batches, ranged_file
+def served_and_tracked(
+    seaweed: Any, key: str, text_bytes: int, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Any, list[dict[str, Any]], bytes, ManifestShard, list[Any]]:
+    """(config, records, bytes, shard) of a Parquet shard of RANGE_ROWS rows in row groups of
+    GROUP_ROWS on SeaweedFS at ``key``, and the RangedFiles opened from then on (each counts
+    the bytes it fetched)."""
+    from syvain_training_data.formats.parquet import ranged_file
 
     config = config_for(seaweed)
-    rng = random.Random(0)
-    records = [{"id": i, "text": rng.randbytes(500).hex()} for i in range(RANGE_ROWS)]
+    rng = random.Random(seed)
+    records = [{"id": i, "text": rng.randbytes(text_bytes).hex()} for i in range(RANGE_ROWS)]
     sink = io.BytesIO()
     pq.write_table(pa.Table.from_pylist(records), sink, row_group_size=GROUP_ROWS)
     data = sink.getvalue()
-    shard = publish(f"s3://{s3_bucket}/{unique_prefix}/r.parquet", data, config, RANGE_ROWS)
+    shard = publish(key, data, config, RANGE_ROWS)
     opened: list[ranged_file.RangedFile] = []
     real = ranged_file.RangedFile.__init__
 
@@ -143,6 +144,18 @@ def test_an_s3_shard_is_read_in_place_fetching_only_what_is_decoded(
         opened.append(self)
 
     monkeypatch.setattr(ranged_file.RangedFile, "__init__", tracked)
+    return config, records, data, shard, opened
+
+
+def test_an_s3_shard_is_read_in_place_fetching_only_what_is_decoded(
+    seaweed, s3_bucket, unique_prefix, monkeypatch
+):
+    """No temporary file and no whole download: the footer, then the column chunks of the row
+    groups the range needs (and only the columns selected)."""
+    from syvain_training_data.formats.parquet import iter_parquet_batches
+
+    key = f"s3://{s3_bucket}/{unique_prefix}/r.parquet"
+    config, records, data, shard, opened = served_and_tracked(seaweed, key, 500, 0, monkeypatch)
     monkeypatch.setattr(tempfile, "TemporaryFile", None)  # nothing may spool to disk
     rows = list(iter_parquet_shard(shard, storage_config=config, start=905, stop=915))
     assert rows == records[905:915]
@@ -168,23 +181,8 @@ def test_a_whole_read_fetches_each_byte_once_and_a_range_stops_at_its_row_groups
     """The footer read is kept, so the column chunks it covers are not fetched again (a small
     shard was 1.07x its bytes); a range read fetches no row group past its end, however far
     the decoder reads ahead."""
-    from syvain_training_data.formats.parquet import ranged_file
-
-    config = config_for(seaweed)
-    rng = random.Random(1)
-    records = [{"id": i, "text": rng.randbytes(200).hex()} for i in range(RANGE_ROWS)]
-    sink = io.BytesIO()
-    pq.write_table(pa.Table.from_pylist(records), sink, row_group_size=GROUP_ROWS)
-    data = sink.getvalue()
-    shard = publish(f"s3://{s3_bucket}/{unique_prefix}/w.parquet", data, config, RANGE_ROWS)
-    opened: list[ranged_file.RangedFile] = []
-    real = ranged_file.RangedFile.__init__
-
-    def tracked(self: Any, *args: Any) -> None:
-        real(self, *args)
-        opened.append(self)
-
-    monkeypatch.setattr(ranged_file.RangedFile, "__init__", tracked)
+    key = f"s3://{s3_bucket}/{unique_prefix}/w.parquet"
+    config, records, data, shard, opened = served_and_tracked(seaweed, key, 200, 1, monkeypatch)
     assert list(iter_parquet_shard(shard, storage_config=config)) == records
     assert opened[-1].fetched <= len(data), (opened[-1].fetched, len(data))
     assert list(iter_parquet_shard(shard, storage_config=config, start=0, stop=15)) == records[:15]

@@ -20,6 +20,7 @@ import pytest
 
 from gcs_emulator import FakeGcs, start_fake_gcs
 from https_server import HttpsServer, serve_https
+from resumed_reads import interrupted_and_resumed
 from syvain_training_data import SyvainTrainingData
 from syvain_training_data.cli import main
 from syvain_training_data.errors import PublicationConflictError, ShardDataError
@@ -94,21 +95,8 @@ def test_local_parquet_and_jsonl_are_adopted_and_load_mix_and_resume(corpus, tmp
     client = SyvainTrainingData()
     for name, key in (("fineweb", "id"), ("dolma", "id")):
         uri = f"file://{tmp_path}/{name}.json"
-        loader = client.split_data_loader(uri, as_list, {"batch_size": 32}).load("train", seed=1)
-        seen = []
-        for index, batch in enumerate(loader):
-            seen += [r[key] for r in batch]
-            if index == 20:
-                break
-        state = json.loads(json.dumps(loader.state_dict()))
-        rest = []
-        for rank in range(2):
-            resumed = client.split_data_loader(uri, as_list, {"batch_size": 7}).load(
-                "train", seed=1, rank=rank, world_size=2
-            )
-            resumed.load_state_dict(state)
-            rest += [r[key] for batch in resumed for r in batch]
-        assert len(seen + rest) == len(set(seen + rest)) == 4 * PER_FILE
+        seen = interrupted_and_resumed(client, uri, key, seed=1, batches_before=21)
+        assert len(seen) == len(set(seen)) == 4 * PER_FILE
     # Adopting again is idempotent; another manifest at the same place is refused.
     again = adopt(
         [f"file://{corpus}/fineweb/"],

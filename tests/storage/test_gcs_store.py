@@ -6,7 +6,6 @@ emulator does not serve the XML API object_store writes with, so they are not te
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 
 from gcs_emulator import FakeGcs, start_fake_gcs
+from resumed_reads import interrupted_and_resumed
 from syvain_training_data import SyvainTrainingData, iter_shard
 from syvain_training_data.errors import ObjectChangedError
 from syvain_training_data.storage import (
@@ -68,21 +68,8 @@ def test_a_dataset_on_gcs_loads_mixes_and_resumes(gcs, tmp_path, data_format):
     client = SyvainTrainingData()
     shards = client.load_manifest(uri).splits["train"].shards
     assert [r["i"] for r in iter_shard(data_format, shards[2])] == [r["i"] for r in RECORDS[2::3]]
-    loader = client.split_data_loader(uri, as_list, {"batch_size": 16}).load("train", seed=7)
-    seen = []
-    for index, batch in enumerate(loader):
-        seen += [r["i"] for r in batch]
-        if index == 6:
-            break
-    state = json.loads(json.dumps(loader.state_dict()))
-    rest = []
-    for rank in range(3):
-        resumed = client.split_data_loader(uri, as_list, {"batch_size": 4}).load(
-            "train", seed=7, rank=rank, world_size=3
-        )
-        resumed.load_state_dict(state)
-        rest += [r["i"] for batch in resumed for r in batch]
-    assert sorted(seen + rest) == list(range(len(RECORDS)))
+    seen = interrupted_and_resumed(client, uri, "i", seed=7, batches_before=7, ranks_after=3)
+    assert sorted(seen) == list(range(len(RECORDS)))
 
 
 def test_reads_are_held_to_the_etag_and_listings_name_every_object(gcs):

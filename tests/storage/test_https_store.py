@@ -6,7 +6,6 @@ resolve URLs, its redirect to a CDN, gated repositories and ``HF_TOKEN`` (never 
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 
 from https_server import HttpsServer, serve_https
+from resumed_reads import interrupted_and_resumed
 from syvain_training_data import SyvainTrainingData, iter_shard
 from syvain_training_data.errors import ObjectChangedError
 from syvain_training_data.storage import get_object, head_object, open_stream, put_object
@@ -62,22 +62,8 @@ def test_a_dataset_on_a_web_server_loads_mixes_and_resumes(server, tmp_path, dat
     manifest = client.load_manifest(uri)
     shards = manifest.splits["train"].shards
     assert [r["i"] for r in iter_shard(data_format, shards[1])] == [r["i"] for r in RECORDS[1::3]]
-    loader = client.split_data_loader(uri, as_list, {"batch_size": 16}).load("train", seed=4)
-    seen = []
-    for index, batch in enumerate(loader):
-        seen += [r["i"] for r in batch]
-        if index == 9:
-            break
-    state = json.loads(json.dumps(loader.state_dict()))
-    rest = []
-    for rank in range(2):
-        resumed = client.split_data_loader(uri, as_list, {"batch_size": 5}).load(
-            "train", seed=4, rank=rank, world_size=2
-        )
-        resumed.load_state_dict(state)
-        rest += [r["i"] for batch in resumed for r in batch]
-    assert sorted(seen + rest) == list(range(len(RECORDS)))
-    assert loader.stats().bytes > 0
+    seen = interrupted_and_resumed(client, uri, "i", seed=4, batches_before=10)
+    assert sorted(seen) == list(range(len(RECORDS)))
 
 
 def test_reads_are_held_to_the_etag_the_server_gave(server):
