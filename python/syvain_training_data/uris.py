@@ -155,6 +155,8 @@ def file_path(uri: str) -> str:
 def https_host_path(uri: str) -> tuple[str, str]:
     """``(host[:port], path)`` of ``https://host[:port]/path``; ValueError unless the host is
     present, the path is a valid key, and there is no user info, query or fragment."""
+    if "\\" in uri:  # read as a slash by URL parsers: the host could be another
+        raise ValueError(f"{uri!r} is not a valid object URI: a backslash is not allowed")
     parts = urlsplit(uri)
     if parts.scheme != "https" or not uri.startswith(HTTPS_PREFIX) or not parts.hostname:
         raise ValueError(f"{uri!r} is not an https://host/path URI")

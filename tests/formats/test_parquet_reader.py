@@ -261,3 +261,17 @@ def test_decode_error_mid_file_is_unreadable(tmp_path, temp_dir, monkeypatch):
     assert rows == records[: len(rows)] and 0 < len(rows) <= 4 * 1024
     assert decode_threads() == 0
     assert list(temp_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("delta", [-1, 1])
+def test_size_mismatch_with_a_known_etag_is_unreadable(store_root, temp_dir, delta):
+    """With the manifest's etag no HEAD is made: the first read's response checks the size."""
+    root, config = store_root
+    data = encode(parquet_records(20))
+    info = storage.put_object(f"{root}/pinned.parquet", data, storage_config=config)
+    shard = ManifestShard(
+        uri=info.uri, records=20, size_bytes=len(data) + delta, etag=info.etag or "x"
+    )
+    with pytest.raises(RuntimeError) as error:
+        list(iter_shard("parquet", shard, storage_config=config))
+    assert str(error.value).startswith(f"Unreadable parquet shard {shard.uri}: size mismatch")

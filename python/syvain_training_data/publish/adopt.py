@@ -112,7 +112,7 @@ def count_records(
     probe = ManifestShard(uri=uri, records=MAX_COUNT, size_bytes=info.size, etag=etag)
     schema = None
     if FORMATS[data_format].codec == "arrow":
-        records, schema = _parquet_footer(probe, storage_config)
+        records, schema = _parquet_footer(probe, storage_config, info.etag or None)
     else:
         records = _streamed_count(data_format, probe, storage_config)
     if records == 0:
@@ -120,11 +120,14 @@ def count_records(
     return ManifestShard(uri=uri, records=records, size_bytes=info.size, etag=etag), schema
 
 
-def _parquet_footer(shard: ManifestShard, storage_config: StorageConfig | None) -> tuple[int, str]:
-    """(rows, schema text) from a Parquet file's footer: a ranged read or two, no data."""
+def _parquet_footer(
+    shard: ManifestShard, storage_config: StorageConfig | None, etag: str | None
+) -> tuple[int, str]:
+    """(rows, schema text) from a Parquet file's footer: a ranged read or two, no data, held
+    to ``etag`` (the HEAD's)."""
     _, pq = pyarrow_modules()
     local = shard.uri.startswith(FILE_PREFIX)
-    source: Any = file_path(shard.uri) if local else RangedFile(shard, storage_config)
+    source: Any = file_path(shard.uri) if local else RangedFile(shard, storage_config, etag=etag)
     try:
         with pq.ParquetFile(source) as parquet:
             return int(parquet.metadata.num_rows), str(parquet.schema_arrow)

@@ -218,6 +218,11 @@ impl Location {
 /// URI says), a path of key segments.
 fn parse_https(uri: &str, allow_prefix: bool) -> NativeResult<Location> {
     let invalid = |why: &str| NativeError::Config(format!("Invalid object URI {uri}: {why}"));
+    // URL parsers read a backslash as a slash (and one before "@" as the end of the host), so
+    // the host a reader sees could differ from the one a check saw: refused outright.
+    if uri.contains('\\') {
+        return Err(invalid("a backslash is not allowed in an object URI"));
+    }
     let url = url::Url::parse(uri).map_err(|e| invalid(&e.to_string()))?;
     let Some(host) = url.host_str() else {
         return Err(invalid("no host"));

@@ -34,7 +34,17 @@ TAIL_BYTES = 1024 * 1024
 class RangedFile(io.RawIOBase):
     """The bytes of ``shard`` as a read-only seekable file of ``shard.size_bytes`` bytes."""
 
-    def __init__(self, shard: ManifestShard, storage_config: StorageConfig | None) -> None:
+    def __init__(
+        self,
+        shard: ManifestShard,
+        storage_config: StorageConfig | None,
+        *,
+        etag: str | None = None,
+    ) -> None:
+        """``etag``: the version to hold every read to, when the caller knows it (a HEAD it
+        made); else the manifest's. With neither, a HEAD finds it (and the size is checked
+        there); with one, no HEAD is made: the first read's response is held to it by
+        If-Match and its size checked against ``shard.size_bytes``."""
         super().__init__()
         self.shard = shard
         self.storage_config = storage_config
@@ -43,15 +53,17 @@ class RangedFile(io.RawIOBase):
         self.fetched = 0
         self.reads = 0
         self._counters = _native.StreamCounters.entered()
-        etag = portable_etag(shard.uri, shard.etag)
-        info = storage.head_object(shard.uri, storage_config=storage_config)
-        if info.size != self.size:
-            raise ShardDataError.of(
-                "parquet",
-                shard.uri,
-                f"size mismatch: the object has {info.size} bytes but size_bytes is {self.size}",
-            )
-        self.etag = etag or info.etag or None
+        self.etag = etag or portable_etag(shard.uri, shard.etag) or None
+        if self.etag is None:
+            info = storage.head_object(shard.uri, storage_config=storage_config)
+            if info.size != self.size:
+                raise ShardDataError.of(
+                    "parquet",
+                    shard.uri,
+                    f"size mismatch: the object has {info.size} bytes but size_bytes is "
+                    f"{self.size}",
+                )
+            self.etag = info.etag or None
         # (first byte, bytes) of the file's last bytes fetched, when at most TAIL_BYTES.
         self._tail: tuple[int, bytes] = (self.size, b"")
 

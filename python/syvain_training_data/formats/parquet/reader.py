@@ -159,7 +159,8 @@ def _select(pa: Any, batch: Any, columns: list[str] | None) -> Any:
 
 
 # Raised by a ranged read of the object (through pyarrow, which passes them on unchanged).
-_STORE_ERRORS = (StorageError, FileNotFoundError, PermissionError)
+# The store's failures, and a RangedFile's own data errors, keep their types (and words).
+_STORE_ERRORS = (StorageError, FileNotFoundError, PermissionError, ShardDataError)
 
 
 def _unreadable(uri: str, reason: object) -> ShardDataError:
