@@ -119,8 +119,14 @@ print(json.dumps(rows))
 EVERY = sorted((s, i) for s in range(16) for i in range(300))
 
 
-def our_save(client: SyvainTrainingData, manifest_uri: str, first: int, last: int) -> None:
-    saver = client.dataset_saver(manifest_uri, data_format="msgpack.zstf")
+def our_save(
+    client: SyvainTrainingData,
+    manifest_uri: str,
+    first: int,
+    last: int,
+    data_format: str = "msgpack.zstf",
+) -> None:
+    saver = client.dataset_saver(manifest_uri, data_format=data_format)  # type: ignore[arg-type]
     for source in range(first, last):
         rows = ({"source": source, "i": i} for i in range(300))
         saver.save("train", None, rows, shard_id=f"{source:02d}")
@@ -152,11 +158,12 @@ def test_we_read_and_resume_what_the_seed_wrote(seed_python, seaweed, s3_bucket)
         assert seeded_keys(client, manifest_uri) == EVERY
 
 
-def test_the_seed_reads_and_resumes_what_we_wrote(seed_python, seaweed, s3_bucket):
+@pytest.mark.parametrize("data_format", ["msgpack.zstf", "jsonl.gz"])
+def test_the_seed_reads_and_resumes_what_we_wrote(seed_python, seaweed, s3_bucket, data_format):
     client = ours(seaweed)
     manifest_uri = f"s3://{s3_bucket}/ours-{uuid.uuid4().hex}/data-manifest.json"
-    our_save(client, manifest_uri, 0, 8)  # our half-finished run, indexes included
-    run_seed(seed_python, seaweed, SEED_SAVE, manifest_uri, "msgpack.zstf", "0", "16", "commit")
+    our_save(client, manifest_uri, 0, 8, data_format)  # our half-finished run, with indexes
+    run_seed(seed_python, seaweed, SEED_SAVE, manifest_uri, data_format, "0", "16", "commit")
     manifest = client.load_manifest(manifest_uri)
     shards = manifest.splits["train"].shards
     has_index = Counter(_exists(s.uri + INDEX_SUFFIX, client) for s in shards)
@@ -183,8 +190,9 @@ def _exists(uri: str, client: SyvainTrainingData) -> bool:
     return True
 
 
+@pytest.mark.parametrize("data_format", ["msgpack.zstf", "jsonl.gz"])
 def test_the_seeds_dataset_gets_indexes_and_still_reads_in_the_seed(
-    seed_python, seaweed, s3_bucket
+    seed_python, seaweed, s3_bucket, data_format
 ):
     """``syvain-data index`` gives a dataset the seed wrote (no indexes) the indexes ours
     have; the seed still reads it, and our seeded loader orders it as an indexed dataset."""
@@ -192,7 +200,7 @@ def test_the_seeds_dataset_gets_indexes_and_still_reads_in_the_seed(
 
     client = ours(seaweed)
     manifest_uri = f"s3://{s3_bucket}/seed-index-{uuid.uuid4().hex}/data-manifest.json"
-    run_seed(seed_python, seaweed, SEED_SAVE, manifest_uri, "msgpack.zstf", "0", "16", "commit")
+    run_seed(seed_python, seaweed, SEED_SAVE, manifest_uri, data_format, "0", "16", "commit")
     shards = client.load_manifest(manifest_uri).splits["train"].shards
     assert not any(_exists(s.uri + INDEX_SUFFIX, client) for s in shards)
     assert main(["index", manifest_uri, "--no-progress"], environ=seaweed.env()) == 0

@@ -56,6 +56,9 @@ class NativeStorage:
         start: int = 0,
         stop: int | None = None,
         segment: tuple[int, int] | None = None,  # (byte_start, byte_end), read as a shard
+        # jsonl.gz with segment: (member_start, unused_bits, window, skip, first_record,
+        # first_line), the access point the segment starts at; records count in the shard
+        entry: tuple[bool, int, bytes, int, int, int] | None = None,
         readahead_bytes: int | None = None,  # 64 KiB..=8 MiB ahead of the decoder; None: 8 MiB
     ) -> ShardReader: ...
     def open_shard_batches(
@@ -71,6 +74,7 @@ class NativeStorage:
         columns: builtins.list[str] | None = None,
         batch_size: int,
         segment: tuple[int, int] | None = None,
+        entry: tuple[bool, int, bytes, int, int, int] | None = None,
         readahead_bytes: int | None = None,  # as for open_shard
     ) -> ShardBatchReader: ...
 
@@ -210,6 +214,19 @@ class ShardReader:
     def uri(self) -> str: ...
     @property
     def data_format(self) -> str: ...
+
+@final
+class GzipAccessPoints:
+    """The access points of a jsonl.gz shard for blocks of ``block`` records, built from its
+    bytes fed in order (``formats.gzip_index``)."""
+
+    def __new__(cls, uri: str, block: int) -> GzipAccessPoints: ...
+    def feed(self, chunk: bytes | memoryview) -> None: ...
+    def finish(self) -> None: ...
+    # (start_bit, member_start, skip, first_record, first_line, end_byte, window)
+    def take_entries(self) -> list[tuple[int, bool, int, int, int, int, bytes]]: ...
+    @property
+    def records(self) -> int: ...
 
 @final
 class ShardEncoder:

@@ -55,15 +55,19 @@ def iter_shard(
     defaults to ``shard.records``; ValueError unless ``0 <= start <= stop <= shard.records``).
     Records before ``start`` are skipped without being decoded (msgpack.zstf frames are hopped
     by their length headers, jsonl.gz lines found by their "\\n"); a read that stops before the
-    end only checks that the shard holds at least ``stop`` records. In a jsonl.gz range read a
-    record index counts the non-blank lines, invalid ones included.
+    end only checks that the shard holds at least ``stop`` records. In jsonl.gz a record is a
+    line holding a JSON object (other lines are logged and skipped, SPEC section 3).
 
     ``index`` (a msgpack.zstf shard's :class:`~syvain_training_data.formats.shard_index.ShardIndex`,
     read from ``{shard.uri}.index``) makes a range read one ranged GET from the index entry at
     or before ``start`` to the one at or after ``stop``: the bytes before and after the range
     are not fetched (or pass the :class:`~syvain_training_data.formats.shard_index.Segment` of
     it that holds the range). The segment is read as a shard of its own (every frame and count
-    check applies to it), so a wrong index is an error, never wrong records.
+    check applies to it), so a wrong index is an error, never wrong records. A jsonl.gz shard's
+    index (``formats.gzip_index``, read by the loader) gives a
+    :class:`~syvain_training_data.formats.shard_index.Segment` that enters the gzip stream at
+    an access point; such an index is trusted as much as the folder it sits in (``syvain-data
+    verify --deep`` checks it against its shard).
 
     ``readahead_bytes`` bounds the bytes fetched ahead of the decoder (64 KiB to 8 MiB, default
     8 MiB; msgpack.zstf and jsonl.gz), for many reads at once.
@@ -119,7 +123,7 @@ def _segment(
     end = shard.records if stop is None else stop
     if (
         index is None
-        or not FORMATS[data_format].record_index
+        or FORMATS[data_format].index != "frame_offsets"
         or not (type(start) is int and type(end) is int and 0 <= start < end <= shard.records)
     ):
         return None
@@ -134,6 +138,15 @@ def _open_args(
     pinned = {"size_bytes": shard.size_bytes, "etag": portable_etag(shard.uri, shard.etag) or None}
     if segment is None:
         return {**pinned, "records": shard.records, "start": start, "stop": stop}
+    if segment.entry is not None:  # entered mid-stream: records count in the whole shard
+        return {
+            **pinned,
+            "records": shard.records,
+            "start": start,
+            "stop": stop,
+            "segment": (segment.byte_start, segment.byte_end),
+            "entry": segment.entry,
+        }
     end = shard.records if stop is None else stop
     return {
         **pinned,

@@ -82,10 +82,10 @@ def test_index_to_another_prefix_is_read_with_index_root(s3_store, tmp_path):
 
 
 def test_index_refuses_other_formats_and_reports_a_shard_that_lies(store):
-    jsonl = publish(store, "json", data_format="jsonl.gz")
-    result = run("index", jsonl, "--no-progress", env=store.env)
+    parquet = publish(store, "pq", data_format="parquet")
+    result = run("index", parquet, "--no-progress", env=store.env)
     assert result.code == 1
-    assert "jsonl.gz shards have no record offset indexes (only msgpack.zstf do)" in result.out
+    assert "parquet shards have no indexes (only jsonl.gz, msgpack.zstf do)" in result.out
     manifest_uri = publish(store)
     shard = shards_of(store, manifest_uri)[0]
     delete_object(index_uri(shard.uri), storage_config=store.config)

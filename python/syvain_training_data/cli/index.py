@@ -1,4 +1,4 @@
-"""``syvain-data index``: record offset indexes for the msgpack.zstf shards of a dataset that
+"""``syvain-data index``: the indexes of the msgpack.zstf or jsonl.gz shards of a dataset that
 lack one (``publish.indexing``)."""
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from syvain_training_data.formats.registry import FORMATS
 from syvain_training_data.manifest import ManifestShard
 from syvain_training_data.publish.indexing import index_shard
 
-HELP: Final = "write the missing record offset indexes of a msgpack.zstf dataset"
+HELP: Final = "write the missing indexes of a msgpack.zstf or jsonl.gz dataset"
 DESCRIPTION: Final = (
-    "Write a record offset index for every msgpack.zstf shard of a manifest that has none "
+    "Write an index (record offsets for msgpack.zstf, gzip access points for jsonl.gz) for "
+    "every shard of a manifest that has none "
     "naming its current version (datasets other writers made have none), from one streaming "
     "pass over each shard checked against the manifest's size, etag and record count. With "
     "--to, the indexes go under another prefix (for shards in a bucket you cannot write); "
@@ -45,7 +46,7 @@ def run(ctx: Context) -> None:
     if not FORMATS[manifest.data_format].record_index:
         emit(
             ctx.stdout,
-            f"FAILED: {manifest.data_format} shards have no record offset indexes (only "
+            f"FAILED: {manifest.data_format} shards have no indexes (only "
             f"{', '.join(n for n, kind in FORMATS.items() if kind.record_index)} do); {uri} is "
             f"{manifest.data_format}",
         )
@@ -61,6 +62,7 @@ def run(ctx: Context) -> None:
             outcome = index_shard(
                 shard,
                 ctx.client.storage_config,
+                data_format=manifest.data_format,
                 index_root=root,
                 on_bytes=lambda n: progress.add(bytes_=n),
             )

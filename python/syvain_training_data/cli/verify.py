@@ -74,11 +74,11 @@ def deep_problem(
     ctx: Context, data_format: DataManifestDataFormat, shard: ManifestShard, progress: ShardProgress
 ) -> str | None:
     """What reading the whole shard finds wrong (bytes, record count, format), or None; then
-    what is wrong with its record offset index (msgpack.zstf), each entry checked."""
+    what is wrong with its index (msgpack.zstf and jsonl.gz), rebuilt from the shard."""
     try:
         count_records(ctx, data_format, shard, progress)
         if FORMATS[data_format].record_index:
-            return index_problem(shard, ctx.client.storage_config)
+            return index_problem(shard, ctx.client.storage_config, data_format=data_format)
     except (RuntimeError, OSError) as error:
         message = describe(error).split(": ", 1)[1]
         return message if shard.uri in message else f"{shard.uri}: {message}"

@@ -6,9 +6,11 @@ format is a descriptor here and its codec.
 - ``codec``: who encodes and decodes it: ``"native"`` (the Rust codecs of ``_native``, records
   as frames or lines) or ``"arrow"`` (pyarrow, by row group: :mod:`.parquet`).
 - ``single_put``: a deterministic shard is one create-only PUT, so it must stay under 5 GiB.
-- ``record_index``: the format has record offset indexes (``formats.shard_index``): written
-  beside each shard, built by ``syvain-data index``, read by the loader to enter a shard by
-  block.
+- ``index``: the kind of index that lets a reader enter a shard by block, written beside each
+  shard by the saver, built by ``syvain-data index``, read by the loader: ``"frame_offsets"``
+  (msgpack.zstf: the byte offset of every n-th record, ``formats.shard_index``) or
+  ``"access_points"`` (jsonl.gz: where each block enters the gzip stream, with the window
+  there, ``formats.gzip_index``); None for Parquet (its row groups come from its footer).
 """
 
 from __future__ import annotations
@@ -32,7 +34,12 @@ class ShardFormat:
     attributes: Mapping[str, str] = field(default_factory=dict)
     codec: Literal["native", "arrow"] = "native"
     single_put: bool = False
-    record_index: bool = False
+    index: Literal["frame_offsets", "access_points"] | None = None
+
+    @property
+    def record_index(self) -> bool:
+        """The format has an index a reader can enter a shard by (see ``index``)."""
+        return self.index is not None
 
 
 FORMATS: Final[Mapping[str, ShardFormat]] = {
@@ -41,6 +48,7 @@ FORMATS: Final[Mapping[str, ShardFormat]] = {
         suffix=".jsonl.gz",
         content_type="application/gzip",
         attributes={"content-format": "jsonl", "compression": "gzip"},
+        index="access_points",
     ),
     "parquet": ShardFormat(
         name="parquet",
@@ -56,7 +64,7 @@ FORMATS: Final[Mapping[str, ShardFormat]] = {
         content_type="application/msgpack",
         attributes={"content-format": "msgpack.zstf", "compression": "zstd-framed"},
         single_put=True,
-        record_index=True,
+        index="frame_offsets",
     ),
 }
 assert tuple(FORMATS) == DATA_FORMATS, "one descriptor per manifest data format"

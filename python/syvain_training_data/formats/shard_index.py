@@ -134,12 +134,17 @@ def block_records(records: int, size_bytes: int) -> int:
 @dataclass(frozen=True)
 class Segment:
     """Records ``[first, first + records)`` of a shard, at bytes ``[byte_start, byte_end)``:
-    read as a shard of its own."""
+    read as a shard of its own.
+
+    With ``entry`` (a jsonl.gz access point, ``formats.gzip_index``: member_start, unused bits,
+    window, skip, first record, first line), the bytes start inside the gzip stream and the
+    read counts records in the whole shard instead; it stops after its last record."""
 
     byte_start: int
     byte_end: int
     first: int
     records: int
+    entry: tuple[bool, int, bytes, int, int, int] | None = None
 
 
 @dataclass(frozen=True)

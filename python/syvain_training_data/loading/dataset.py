@@ -258,7 +258,7 @@ class ShardDataset(IterableDataset[Any]):
         selection's shards have them."""
         if not self.read_plan.indexed:
             return None
-        return ShardIndexes(self.storage_config, self.index_root)
+        return ShardIndexes(self.storage_config, self.index_root, self.data_format)
 
     def range_segment(
         self, shard: ManifestShard, start: int, stop: int, indexes: ShardIndexes | None

@@ -23,10 +23,13 @@ from array import array
 from collections import OrderedDict
 
 from syvain_training_data.errors import StorageError, StorageRetryExhaustedError
+from syvain_training_data.formats import gzip_index
+from syvain_training_data.formats.gzip_index import GzipIndexLayout
+from syvain_training_data.formats.indexes import build_index
+from syvain_training_data.formats.registry import FORMATS
 from syvain_training_data.formats.shard_index import (
     EARLIER_MAGIC,
     HEADER,
-    FrameOffsets,
     IndexLayout,
     Segment,
     ShardIndex,
@@ -49,8 +52,23 @@ REMEMBERED = 4096
 LEARNED_SHARDS = 128
 
 
+def index_layout(data_format: str, shard: ManifestShard) -> IndexLayout | GzipIndexLayout:
+    """The layout of ``shard``'s index in its format."""
+    if FORMATS[data_format].index == "access_points":
+        return GzipIndexLayout(shard.records, shard.size_bytes)
+    return IndexLayout(shard.records, shard.size_bytes)
+
+
+def header_size(layout: IndexLayout | GzipIndexLayout) -> int:
+    return gzip_index.HEADER.size if isinstance(layout, GzipIndexLayout) else HEADER.size
+
+
 def read_index_bytes(
-    uri: str, layout: IndexLayout, start: int, end: int, config: StorageConfig | None
+    uri: str,
+    layout: IndexLayout | GzipIndexLayout,
+    start: int,
+    end: int,
+    config: StorageConfig | None,
 ) -> bytes:
     """Bytes [start, end) of the index object at ``uri``; its size must be the layout's."""
     with open_stream(
@@ -92,7 +110,13 @@ class ShardIndexes:
     the index is known to name its shard. Thread-safe: a window's range reads start in
     threads of their own."""
 
-    def __init__(self, storage_config: StorageConfig | None, index_root: str | None = None) -> None:
+    def __init__(
+        self,
+        storage_config: StorageConfig | None,
+        index_root: str | None = None,
+        data_format: str = "msgpack.zstf",
+    ) -> None:
+        self.data_format = data_format
         self.storage_config = storage_config
         self.index_root = index_root
         self._usable: OrderedDict[str, bool] = OrderedDict()
@@ -105,10 +129,12 @@ class ShardIndexes:
         index entries around it, or, when the shard has no index that names it, from the
         offsets this consumer learns of its frames (``loading.learned_offsets``); None: read
         the shard from its start."""
+        layout = index_layout(self.data_format, shard)
+        if isinstance(layout, GzipIndexLayout):
+            return self._entered(shard, layout, start, stop)
         if not self._names_its_shard(shard):
             return self._learned(shard).segment(start, stop)
         uri = index_uri(shard.uri, self.index_root)
-        layout = IndexLayout(shard.records, shard.size_bytes)
         first, end = layout.entries_for(start, stop)
         try:
             data = read_index_bytes(
@@ -121,6 +147,36 @@ class ShardIndexes:
             # Gone or changed since its header was read, or offsets that do not fit.
             self._set_unusable(shard, uri, str(error))
         return self._learned(shard).segment(start, stop)
+
+    def _entered(
+        self, shard: ManifestShard, layout: GzipIndexLayout, start: int, stop: int
+    ) -> Segment | None:
+        """A jsonl.gz segment from the access points of the blocks around [start, stop):
+        the first block's entry (with its window) and the last one's end; None (read from
+        the shard's start) when the shard has no index that names it."""
+        if not self._names_its_shard(shard):
+            return None
+        uri = index_uri(shard.uri, self.index_root)
+        first, last = start // layout.block, (stop - 1) // layout.block
+        try:
+            slot = read_index_bytes(
+                uri, layout, *layout.slot_range(first, window=first > 0), self.storage_config
+            )
+            entry = layout.entry(slot)
+            end_byte = entry.end_byte
+            if last != first:
+                slot = read_index_bytes(
+                    uri, layout, *layout.slot_range(last, window=False), self.storage_config
+                )
+                end_byte = layout.entry(slot).end_byte
+            if entry.first_record > start:
+                raise ValueError(f"its entry for record {start} starts after it")
+            return layout.segment(entry, end_byte)
+        except StorageRetryExhaustedError:
+            raise
+        except (FileNotFoundError, PermissionError, StorageError, ValueError) as error:
+            self._set_unusable(shard, uri, str(error))
+        return None
 
     def _learned(self, shard: ManifestShard) -> LearnedOffsets:
         with self._lock:
@@ -151,9 +207,9 @@ class ShardIndexes:
 
     def _check(self, shard: ManifestShard) -> bool:
         uri = index_uri(shard.uri, self.index_root)
-        layout = IndexLayout(shard.records, shard.size_bytes)
+        layout = index_layout(self.data_format, shard)
         try:
-            header = read_index_bytes(uri, layout, 0, HEADER.size, self.storage_config)
+            header = read_index_bytes(uri, layout, 0, header_size(layout), self.storage_config)
             problem = layout.header_problem(header, shard_version(shard, self.storage_config))
         except FileNotFoundError:
             self._remember(shard.uri, False)
@@ -195,14 +251,17 @@ def shard_version(shard: ManifestShard, storage_config: StorageConfig | None) ->
 
 
 def index_problem(
-    shard: ManifestShard, storage_config: StorageConfig | None, index_root: str | None = None
+    shard: ManifestShard,
+    storage_config: StorageConfig | None,
+    index_root: str | None = None,
+    data_format: str = "msgpack.zstf",
 ) -> str | None:
     """What is wrong with ``shard``'s index (``syvain-data verify --deep``): read whole and
-    checked entry by entry against the frames of the shard, streamed once more; None when it
-    is right, or when there is none or an earlier release's, which loaders do not use.
+    compared with the index built anew from the shard, streamed once more; None when it is
+    right, or when there is none or an earlier release's, which loaders do not use.
 
     A loader trusts an index that names its shard's version (nothing pins its entries), so
-    this is the check that an index's entries are the offsets of their records."""
+    this is the check that an index's entries are those of its shard."""
     uri = index_uri(shard.uri, index_root)
     try:
         data = get_object(uri, storage_config=storage_config)
@@ -211,24 +270,58 @@ def index_problem(
     if data[: len(EARLIER_MAGIC)] == EARLIER_MAGIC:
         return None
     version = shard_version(shard, storage_config)
-    layout = IndexLayout(shard.records, shard.size_bytes)
+    layout = index_layout(data_format, shard)
+    problem = layout.header_problem(data[: header_size(layout)], version)
+    if problem is None and len(data) != layout.object_size:
+        problem = f"it holds {len(data)} bytes, not the {layout.object_size} expected"
+    if problem is not None:
+        return f"{uri}: loaders do not use it: {problem}"
     etag = portable_etag(shard.uri, shard.etag)
+    with open_stream(
+        shard.uri, size_bytes=shard.size_bytes, etag=etag or None, storage_config=storage_config
+    ) as stream:
+        expected = b"".join(
+            build_index(
+                data_format,
+                shard.uri,
+                stream,
+                shard.records,
+                shard.size_bytes,
+                etag or head_object(shard.uri, storage_config=storage_config).etag,
+            )
+        )
+    if data == expected:
+        return None
+    if isinstance(layout, GzipIndexLayout):
+        wrong = _first_difference(data, expected, gzip_index.HEADER.size, layout.slot)
+        return (
+            f"{uri}: the access point of block {wrong} (records from {wrong * layout.block}) "
+            "is not the one its shard has; loaders trust an index that names its shard's "
+            "version, so delete it or write it anew (syvain-data index)"
+        )
     try:
         index = ShardIndex.parse(data, shard.records, shard.size_bytes, version)
     except ValueError as error:
         return f"{uri}: loaders do not use it: {error}"
-    with open_stream(
-        shard.uri, size_bytes=shard.size_bytes, etag=etag or None, storage_config=storage_config
-    ) as stream:
-        frames = FrameOffsets.of_chunks(stream)
-    expected = frames.index(shard.size_bytes, version).offsets
-    wrong = [k for k, (a, b) in enumerate(zip(index.offsets, expected, strict=True)) if a != b]
-    if not wrong:
-        return None
-    k = wrong[0]
+    offsets = ShardIndex.parse(expected, shard.records, shard.size_bytes, version).offsets
+    wrong_entries = [
+        k for k, (a, b) in enumerate(zip(index.offsets, offsets, strict=True)) if a != b
+    ]
+    k = wrong_entries[0]
     return (
-        f"{uri}: {len(wrong)} of {len(expected)} entries name the wrong byte offset (entry {k}: "
-        f"record {k * layout.every} starts at byte {expected[k]}, the index says "
-        f"{index.offsets[k]}); loaders trust an index that names its shard's version, so "
+        f"{uri}: {len(wrong_entries)} of {len(offsets)} entries name the wrong byte offset "
+        f"(entry {k}: record {k * index.layout.every} starts at byte {offsets[k]}, the index "
+        f"says {index.offsets[k]}); loaders trust an index that names its shard's version, so "
         "delete it or write it anew (syvain-data cp --with-shards)"
     )
+
+
+def _first_difference(data: bytes, expected: bytes, header: int, slot: int) -> int:
+    """The first slot where two index objects of the same layout differ."""
+    k = 0
+    while (
+        data[header + k * slot : header + (k + 1) * slot]
+        == (expected[header + k * slot : header + (k + 1) * slot])
+    ):
+        k += 1
+    return k

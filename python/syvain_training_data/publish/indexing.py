@@ -1,4 +1,4 @@
-"""Record offset indexes for msgpack.zstf shards that lack one (``syvain-data index``): a
+"""Indexes for msgpack.zstf and jsonl.gz shards that lack one (``syvain-data index``): a
 dataset another writer made (the seed package writes none), or one whose indexes went stale,
 gets an index per shard from one streaming pass over the shard, checked against the manifest's
 size, etag and record count, so that it mixes and fetches like a dataset this package's saver
@@ -17,8 +17,10 @@ from typing import Literal
 
 from syvain_training_data.errors import ObjectDataError, ShardDataError
 from syvain_training_data.formats import shard_index
-from syvain_training_data.formats.shard_index import HEADER, FrameOffsets, IndexLayout, index_uri
-from syvain_training_data.loading.shard_indexes import read_index_bytes
+from syvain_training_data.formats.gzip_index import GzipIndexLayout
+from syvain_training_data.formats.indexes import build_index
+from syvain_training_data.formats.shard_index import IndexLayout, index_uri
+from syvain_training_data.loading.shard_indexes import header_size, index_layout, read_index_bytes
 from syvain_training_data.manifest import ManifestShard
 from syvain_training_data.object_check import check_head
 from syvain_training_data.storage import StorageConfig, open_stream, put_object
@@ -34,29 +36,30 @@ def index_shard(
     shard: ManifestShard,
     storage_config: StorageConfig,
     *,
+    data_format: str = "msgpack.zstf",
     index_root: str | None = None,
     on_bytes: Callable[[int], None] | None = None,
 ) -> IndexOutcome:
-    """Makes sure ``shard`` (msgpack.zstf) has an index naming its current version, beside it
-    or under ``index_root``; returns what was done. ``on_bytes`` is called with the size of
-    every chunk of the shard streamed.
+    """Makes sure ``shard`` (msgpack.zstf or jsonl.gz) has an index naming its current
+    version, beside it or under ``index_root``; returns what was done. ``on_bytes`` is called
+    with the size of every chunk of the shard streamed.
 
     Raises:
         ShardDataError: the shard's size or etag is not the manifest's, or its bytes are not
-            ``shard.records`` msgpack.zstf frames (the message names the shard).
+            ``shard.records`` records of ``data_format`` (the message names the shard).
         FileNotFoundError, PermissionError, StorageError: from the store.
     """
     head = check_head(shard.uri, storage_config, size=shard.size_bytes, etag=shard.etag)
     if head.mismatch is not None:
         found, expected = head.mismatch.found, head.mismatch.expected
         raise ShardDataError.of(
-            "msgpack.zstf",
+            data_format,
             shard.uri,
             f"{head.mismatch.field} mismatch: {found!r} in the store, {expected!r} in the manifest",
         )
     version = shard_index.version_tag(shard.uri, head.info.etag)
     target = index_uri(shard.uri, index_root)
-    layout = IndexLayout(shard.records, shard.size_bytes)
+    layout = index_layout(data_format, shard)
     present = _header(target, layout, storage_config)
     if present is not None and layout.header_problem(present, version) is None:
         return "kept"
@@ -66,14 +69,14 @@ def index_shard(
         etag=head.info.etag or None,
         storage_config=storage_config,
     ) as stream:
-        try:
-            frames = FrameOffsets.of_chunks(_counted(stream, on_bytes))
-        except ValueError as error:
-            raise ShardDataError.of("msgpack.zstf", shard.uri, str(error)) from error
-    if frames.records != shard.records:
-        found = f"declared {shard.records} records but found {frames.records}"
-        raise ShardDataError.of("msgpack.zstf", shard.uri, found)
-    data = frames.index(shard.size_bytes, version).to_bytes()
+        data = build_index(
+            data_format,
+            shard.uri,
+            _counted(stream, on_bytes),
+            shard.records,
+            shard.size_bytes,
+            head.info.etag,
+        )
     if present is None:
         try:
             put_object(
@@ -91,15 +94,16 @@ def index_shard(
     return "replaced"
 
 
-def _header(uri: str, layout: IndexLayout, config: StorageConfig) -> bytes | None:
+def _header(uri: str, layout: IndexLayout | GzipIndexLayout, config: StorageConfig) -> bytes | None:
     """The first bytes of the index object at ``uri`` (None: there is none); an object of
     another size is read as an empty header, one that names nothing."""
+    size = header_size(layout)
     try:
-        return read_index_bytes(uri, layout, 0, HEADER.size, config)
+        return read_index_bytes(uri, layout, 0, size, config)
     except FileNotFoundError:
         return None
     except ObjectDataError:  # another size: no index of this shard
-        return b"\0" * HEADER.size
+        return b"\0" * size
 
 
 def _counted(chunks: Iterable[bytes], on_bytes: Callable[[int], None] | None) -> Iterator[bytes]:

@@ -57,7 +57,7 @@ from typing import Any
 from syvain_training_data.argument_checks import records_iterable
 from syvain_training_data.errors import PublicationConflictError
 from syvain_training_data.formats import FORMATS, ShardFormat, check_data_format
-from syvain_training_data.formats.shard_index import FrameOffsets
+from syvain_training_data.formats.shard_index import FrameOffsets, version_tag
 from syvain_training_data.manifest import (
     DataManifest,
     DataManifestDataFormat,
@@ -76,7 +76,12 @@ from syvain_training_data.publish.layout import (
 )
 from syvain_training_data.publish.recovery import UNSET, ShardRecovery, Unset
 from syvain_training_data.publish.spool import Spool, encode_native, encode_parquet, limits
-from syvain_training_data.publish.upload import create_or_match, upload_spool, write_index
+from syvain_training_data.publish.upload import (
+    create_or_match,
+    spool_index,
+    upload_spool,
+    write_index,
+)
 from syvain_training_data.storage import StorageConfig, check_storage_config, get_object, put_object
 from syvain_training_data.uris import portable_etag
 
@@ -196,10 +201,17 @@ class DatasetSaver:
         if isinstance(first, Unset):
             raise ValueError("Cannot save an empty record shard")
         spool = Spool(limits().spill_bytes)
-        frames = FrameOffsets() if self.shard_format.record_index else None
+        # msgpack.zstf frames are noted as they are encoded; other indexes read the spool again.
+        frames = FrameOffsets() if self.shard_format.index == "frame_offsets" else None
         try:
             count = self._encode(itertools.chain((first,), iterator), spool, shard_id, frames)
             shard, etag = self._upload(uri, spool, count, deterministic=shard_id is not None)
+            version = version_tag(uri, etag)
+            index = (
+                [frames.index(shard.size_bytes, version).to_bytes()]
+                if frames is not None
+                else spool_index(self.data_format, uri, spool, count, shard.size_bytes, etag)
+            )
             descriptor = descriptor_bytes(
                 shard=shard,
                 data_format=self.data_format,
@@ -210,8 +222,8 @@ class DatasetSaver:
             )
         finally:
             spool.close()
-        if frames is not None:  # before the descriptor: a completed shard has its index
-            write_index(uri, frames, shard.size_bytes, etag, self.storage_config)
+        if index is not None:  # before the descriptor: a completed shard has its index
+            write_index(uri, index, self.storage_config)
         if shard_id is not None:
             self._create_descriptor(uri + DESCRIPTOR_SUFFIX, descriptor)
         else:

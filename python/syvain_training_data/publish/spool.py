@@ -111,6 +111,15 @@ class Spool:
     def sha256(self) -> str:
         return self._written_sha256 or self._digest.hexdigest()
 
+    def read_chunks(self, piece_bytes: int = 1 << 20) -> Iterator[bytes]:
+        """The sealed bytes again, in order: the chunks held, or the file's in pieces."""
+        if self.path is None:
+            yield from self.chunks
+            return
+        with open(self.path, "rb") as file:
+            while piece := file.read(piece_bytes):
+                yield piece
+
     def seal(self) -> None:
         if self._file is not None:
             self._file.close()

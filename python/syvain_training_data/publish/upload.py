@@ -11,8 +11,9 @@ from typing import Final
 
 from syvain_training_data.errors import ObjectDataError, PublicationConflictError, ShardDataError
 from syvain_training_data.formats import shard_index
+from syvain_training_data.formats.indexes import build_index
 from syvain_training_data.formats.registry import FORMATS
-from syvain_training_data.formats.shard_index import INDEX_SUFFIX, FrameOffsets
+from syvain_training_data.formats.shard_index import INDEX_SUFFIX
 from syvain_training_data.manifest import DataManifestDataFormat, ManifestShard
 from syvain_training_data.publish.spool import Spool, limits
 from syvain_training_data.storage import (
@@ -32,6 +33,7 @@ __all__ = [
     "copy_shard",
     "create_or_match",
     "stream_sha256",
+    "spool_index",
     "upload_spool",
     "write_index",
 ]
@@ -44,19 +46,26 @@ OBJECT_ATTRIBUTES: Final[dict[str, tuple[str, dict[str, str]]]] = {
 }
 
 
-def write_index(
-    shard_uri: str, frames: FrameOffsets, size: int, etag: str, storage_config: StorageConfig
-) -> None:
-    """Writes the record offset index of the msgpack.zstf shard at ``shard_uri`` (``size``
-    bytes at version ``etag``, as its store gave it) beside it. An index is derived from the
-    shard and names its version, so one already there (an earlier release's, or one left by
-    a shard since rewritten) is replaced rather than kept or refused."""
+def write_index(shard_uri: str, index: bytes | list[bytes], storage_config: StorageConfig) -> None:
+    """Writes a shard's index (``formats.indexes``) beside it. An index is derived from the
+    shard and names its version, so one already there (an earlier release's, or one left by a
+    shard since rewritten) is replaced rather than kept or refused."""
     put_object(
         shard_uri + INDEX_SUFFIX,
-        frames.index(size, shard_index.version_tag(shard_uri, etag)).to_bytes(),
+        index,
         storage_config=storage_config,
         content_type=shard_index.CONTENT_TYPE,
     )
+
+
+def spool_index(
+    data_format: str, uri: str, spool: Spool, records: int, size: int, etag: str
+) -> list[bytes] | None:
+    """The index of the shard uploaded from ``spool`` (its bytes read again), or None for a
+    format without one."""
+    if not FORMATS[data_format].record_index:
+        return None
+    return build_index(data_format, uri, spool.read_chunks(), records, size, etag)
 
 
 def upload_spool(
@@ -210,9 +219,10 @@ def copy_shard(
             if created:
                 _delete_quietly(destination_uri, config)
             raise
-        if FORMATS[data_format].record_index and spool.path is not None:
-            # The copy's own index, from the verified bytes (the source's is not trusted).
-            write_index(destination_uri, FrameOffsets.of_file(spool.path), size, etag, config)
+        # The copy's own index, from the verified bytes (the source's is not trusted).
+        index = spool_index(data_format, destination_uri, spool, shard.records, size, etag)
+        if index is not None:
+            write_index(destination_uri, index, config)
     finally:
         spool.close()
     return ManifestShard(

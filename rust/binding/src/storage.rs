@@ -5,9 +5,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use object_store::PutPayload;
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use syvain_core::codec::columnar::{column_selection, BatchOptions};
+use syvain_core::codec::gzip::GzipEntry;
 use syvain_core::codec::{RecordRange, ShardFormat};
 use syvain_core::credentials::AwsCredentialProvider;
 use syvain_core::error::NativeError;
@@ -18,6 +20,7 @@ use syvain_core::stream::invalid_readahead;
 use syvain_core::upload::{self, WriteOptions};
 
 use crate::caller::PythonCaller;
+use crate::codec::gzip_points::{gzip_entry, EntryArgument};
 use crate::codec::shard_batches::ShardBatchReader;
 use crate::codec::shard_reader::ShardReader;
 use crate::credentials::PyCredentialProvider;
@@ -133,9 +136,13 @@ impl NativeStorage {
     /// `size_bytes` bytes) are requested, and read as a whole shard of `records` records and
     /// `byte_end - byte_start` bytes; `start`/`stop` count records inside the segment.
     ///
+    /// `entry=(member_start, unused_bits, window, skip, first_record, first_line)` (jsonl.gz,
+    /// with `segment`): the segment starts at that access point of the shard's index (see
+    /// `GzipAccessPoints`); `records`, `start` and `stop` then count in the whole shard.
+    ///
     /// `readahead_bytes`: the most bytes the read downloads ahead of its decoder (8 MiB when
     /// `None`; ValueError outside 64 KiB..=8 MiB).
-    #[pyo3(signature = (uri, data_format, *, size_bytes, records, etag=None, start=0, stop=None, segment=None, readahead_bytes=None))]
+    #[pyo3(signature = (uri, data_format, *, size_bytes, records, etag=None, start=0, stop=None, segment=None, entry=None, readahead_bytes=None))]
     #[allow(clippy::too_many_arguments)]
     fn open_shard(
         &self,
@@ -148,10 +155,12 @@ impl NativeStorage {
         start: i64,
         stop: Option<i64>,
         segment: Option<(i64, i64)>,
+        entry: Option<EntryArgument>,
         readahead_bytes: Option<i64>,
     ) -> BindingResult<ShardReader> {
         let range = RecordRange::new(records, start, stop)?;
         let format = ShardFormat::of_shard(uri, data_format)?;
+        let entry = checked_entry(format, segment, entry)?;
         let (source, decoded_size) =
             self.shard_read(uri, size_bytes, etag, format, segment, readahead_bytes)?;
         Ok(ShardReader::open(
@@ -161,13 +170,14 @@ impl NativeStorage {
             source,
             decoded_size,
             range,
+            entry,
         )?)
     }
 
     /// Builds Arrow record batches of up to `batch_size` records of a msgpack.zstf or jsonl.gz
     /// shard straight from a resumable stream, off the GIL (`columns`: only those top-level
-    /// keys, in that order). `segment` and `readahead_bytes` as for `open_shard`.
-    #[pyo3(signature = (uri, data_format, *, size_bytes, records, etag=None, start=0, stop=None, columns=None, batch_size, segment=None, readahead_bytes=None))]
+    /// keys, in that order). `segment`, `entry` and `readahead_bytes` as for `open_shard`.
+    #[pyo3(signature = (uri, data_format, *, size_bytes, records, etag=None, start=0, stop=None, columns=None, batch_size, segment=None, entry=None, readahead_bytes=None))]
     #[allow(clippy::too_many_arguments)]
     fn open_shard_batches(
         &self,
@@ -181,10 +191,12 @@ impl NativeStorage {
         columns: Option<Vec<String>>,
         batch_size: usize,
         segment: Option<(i64, i64)>,
+        entry: Option<EntryArgument>,
         readahead_bytes: Option<i64>,
     ) -> BindingResult<ShardBatchReader> {
         let range = RecordRange::new(records, start, stop)?;
         let format = ShardFormat::of_shard(uri, data_format)?;
+        let entry = checked_entry(format, segment, entry)?;
         let options = BatchOptions {
             columns: column_selection(columns)?,
             batch_rows: batch_size,
@@ -199,6 +211,7 @@ impl NativeStorage {
             decoded_size,
             range,
             options,
+            entry,
         )?)
     }
 
@@ -249,6 +262,18 @@ impl NativeStorage {
             segment.map_or(size_bytes, |(start, end)| end - start),
         ))
     }
+}
+
+/// The `entry` argument, checked: a jsonl.gz read of a `segment` only.
+fn checked_entry(
+    format: ShardFormat,
+    segment: Option<(i64, i64)>,
+    entry: Option<EntryArgument>,
+) -> BindingResult<Option<GzipEntry>> {
+    if entry.is_some() && segment.is_none() {
+        return Err(PyValueError::new_err("entry needs the segment it starts").into());
+    }
+    Ok(gzip_entry(format, entry)?)
 }
 
 /// The `segment` argument, checked: `0 <= byte_start < byte_end <= size_bytes`.

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use syvain_core::source::MemorySource;
 
 pub mod arrow_batch;
+pub mod gzip_points;
 mod invalid_lines;
 mod json_write;
 mod key_cache;
@@ -29,6 +30,7 @@ fn memory_source(data: &[u8], chunk_size: Option<usize>) -> Box<MemorySource> {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<shard_reader::ShardReader>()?;
     m.add_class::<shard_encoder::ShardEncoder>()?;
+    m.add_class::<gzip_points::GzipAccessPoints>()?;
     m.add_function(wrap_pyfunction!(shard_reader::shard_reader_from_bytes, m)?)?;
     shard_batches::register(m)?;
     Ok(())

@@ -10,6 +10,7 @@ use syvain_core::caller::receive;
 use syvain_core::codec::columnar::{
     self, column_selection, count_records, BatchOptions, Message, BATCH_BYTES,
 };
+use syvain_core::codec::gzip::GzipEntry;
 use syvain_core::codec::{shard_error, RecordRange, ShardFormat};
 use syvain_core::error::NativeError;
 use syvain_core::process_bound::ProcessBound;
@@ -45,8 +46,9 @@ impl ShardBatchReader {
         size_bytes: u64,
         range: RecordRange,
         options: BatchOptions,
+        entry: Option<GzipEntry>,
     ) -> Result<Self, NativeError> {
-        let receiver = columnar::spawn(format, &uri, source, size_bytes, range, options)?;
+        let receiver = columnar::spawn_at(format, &uri, source, size_bytes, range, options, entry)?;
         Ok(Self {
             format,
             uri,
@@ -137,7 +139,7 @@ pub fn shard_batches_from_bytes(
     let source = memory_source(data, chunk_size);
     let size = data.len() as u64;
     Ok(ShardBatchReader::open(
-        format, uri, source, size, range, options,
+        format, uri, source, size, range, options, None,
     )?)
 }
 

@@ -7,6 +7,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use syvain_core::codec::decoder::{Batch, Decoder, Message, BATCH_RECORDS};
+use syvain_core::codec::gzip::GzipEntry;
 use syvain_core::codec::{
     count_mismatch, found_more, shard_error, RecordRange, ShardFormat, MAX_JSON_DEPTH,
 };
@@ -69,10 +70,11 @@ impl ShardReader {
         source: Box<dyn ByteSource>,
         size_bytes: u64,
         range: RecordRange,
+        entry: Option<GzipEntry>,
     ) -> Result<ShardReader, NativeError> {
         // Without the GIL: a local shard's first record is decoded right here.
         let decoder = crate::exiting::without_gil(py, || {
-            Decoder::start(format, &uri, source, size_bytes, range)
+            Decoder::start_at(format, &uri, source, size_bytes, range, entry.as_ref())
         })?;
         Ok(ShardReader {
             format,
@@ -291,5 +293,7 @@ pub fn shard_reader_from_bytes(
     let source = memory_source(data, chunk_size);
     let format = ShardFormat::parse(data_format)?;
     let size = data.len() as u64;
-    Ok(ShardReader::open(py, format, uri, source, size, range)?)
+    Ok(ShardReader::open(
+        py, format, uri, source, size, range, None,
+    )?)
 }

@@ -5,6 +5,7 @@
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Mutex;
 
+use super::gzip::GzipEntry;
 use super::lines::{JsonlLines, LineBatch};
 use super::zstf::ZstfFrames;
 use super::{shard_error, DecodeFailure, RecordRange, ShardFormat};
@@ -105,8 +106,21 @@ impl Decoder {
         size_bytes: u64,
         range: RecordRange,
     ) -> NativeResult<Decoder> {
+        Self::start_at(format, uri, source, size_bytes, range, None)
+    }
+
+    /// [`Decoder::start`] of a jsonl.gz source that starts at `entry` (an access point of
+    /// the shard's index) rather than at the shard's start; `range` counts in the shard.
+    pub fn start_at(
+        format: ShardFormat,
+        uri: &str,
+        source: Box<dyn ByteSource>,
+        size_bytes: u64,
+        range: RecordRange,
+        entry: Option<&GzipEntry>,
+    ) -> NativeResult<Decoder> {
         let immediate = source.is_immediate() && range.start == 0;
-        let mut producer = Producer::new(format, source, size_bytes, range);
+        let mut producer = Producer::new(format, source, size_bytes, range, entry);
         let (sender, receiver) = sync_channel(CHANNEL_BATCHES);
         let mut decoder = Decoder {
             format,
@@ -210,6 +224,7 @@ impl Producer {
         source: Box<dyn ByteSource>,
         size_bytes: u64,
         range: RecordRange,
+        entry: Option<&GzipEntry>,
     ) -> Self {
         match format {
             ShardFormat::MsgpackZstf => Producer::Payloads {
@@ -221,7 +236,7 @@ impl Producer {
                 last: None,
             },
             ShardFormat::JsonlGz => Producer::Lines {
-                lines: Box::new(JsonlLines::new(source).with_range(range)),
+                lines: Box::new(JsonlLines::open(source, range, entry)),
                 done: false,
             },
         }

@@ -7,6 +7,7 @@
 use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, Status};
 
 use super::chunks::ChunkReader;
+use super::raw_inflate::RawInflate;
 use super::DecodeFailure;
 use crate::source::ByteSource;
 
@@ -35,10 +36,33 @@ enum State {
     End,
 }
 
+/// Where a read enters a gzip stream other than at its start (an access point of the shard's
+/// index, `gzip_points`): the source then starts at the entry's byte.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GzipEntry {
+    /// The entry is a member's first byte (its header), not a deflate block boundary.
+    pub member_start: bool,
+    /// Bits of the source's first byte that belong to the stream (0: it starts on a byte).
+    pub unused_bits: u8,
+    /// The (at most 32 KiB of) output before the entry point.
+    pub window: Vec<u8>,
+    /// Output bytes from the entry point to the first line that starts at or after it.
+    pub skip: u64,
+    /// Records (lines holding a JSON object) before that line.
+    pub first_record: u64,
+    /// Lines (blank ones too) before that line.
+    pub first_line: u64,
+}
+
 /// Decompresses a gzip stream pulled from a byte source.
 pub struct Gunzip {
     reader: ChunkReader,
     inflate: Decompress,
+    /// The member entered mid-stream, decoded by zlib directly: its CRC-32 and size cannot be
+    /// checked (the output before the entry point is not read).
+    entered: Option<RawInflate>,
+    /// An entry point not yet started (unused bits, window): started by the first read.
+    pending_entry: Option<(u8, Vec<u8>)>,
     crc: crc32fast::Hasher,
     size: u32,
     state: State,
@@ -49,14 +73,42 @@ impl Gunzip {
         Self {
             reader: ChunkReader::new(source),
             inflate: Decompress::new(false),
+            entered: None,
+            pending_entry: None,
             crc: crc32fast::Hasher::new(),
             size: 0,
             state: State::Start,
         }
     }
 
+    /// Reads the source as starting at `entry`'s byte of a gzip stream (before any read).
+    pub fn enter_at(&mut self, entry: &GzipEntry) {
+        if !entry.member_start {
+            self.pending_entry = Some((entry.unused_bits, entry.window.clone()));
+            self.state = State::Body;
+        }
+    }
+
+    /// Starts the member entered mid-stream (its first byte may hold primed bits).
+    fn enter(&mut self, unused_bits: u8, window: &[u8]) -> Result<(), DecodeFailure> {
+        let mut raw = RawInflate::new().map_err(DecodeFailure::shard)?;
+        if unused_bits > 0 {
+            let first = self.reader.read_exact(1)?;
+            let &[byte] = &first[..] else {
+                return Err(DecodeFailure::shard(TRUNCATED));
+            };
+            raw.prime(unused_bits, byte).map_err(DecodeFailure::shard)?;
+        }
+        raw.set_window(window).map_err(DecodeFailure::shard)?;
+        self.entered = Some(raw);
+        Ok(())
+    }
+
     /// Appends up to `max` decompressed bytes to `out`; `false` once the stream has ended.
     pub fn read_into(&mut self, out: &mut Vec<u8>, max: usize) -> Result<bool, DecodeFailure> {
+        if let Some((unused_bits, window)) = self.pending_entry.take() {
+            self.enter(unused_bits, &window)?;
+        }
         loop {
             match self.state {
                 State::End => return Ok(false),
@@ -87,6 +139,18 @@ impl Gunzip {
         }
         // `max` is a soft bound: zlib fills whatever spare capacity the buffer has.
         out.reserve(max.max(1));
+        if let Some(raw) = self.entered.as_mut() {
+            let step = raw
+                .inflate(self.reader.buffered(), out, false)
+                .map_err(DecodeFailure::shard)?;
+            self.reader.consume(step.consumed);
+            if step.stream_end {
+                self.finish_entered_member()?;
+            } else if step.consumed == 0 && step.produced == 0 {
+                return Err(DecodeFailure::shard(CORRUPT));
+            }
+            return Ok(step.produced > 0);
+        }
         let start = out.len();
         let (in_before, out_before) = (self.inflate.total_in(), self.inflate.total_out());
         let status =
@@ -104,6 +168,16 @@ impl Gunzip {
             _ => {}
         }
         Ok(produced > 0)
+    }
+
+    /// The end of the member entered mid-stream: its trailer is read, not checked.
+    fn finish_entered_member(&mut self) -> Result<(), DecodeFailure> {
+        if self.reader.read_exact(8)?.len() < 8 {
+            return Err(DecodeFailure::shard(TRUNCATED));
+        }
+        self.entered = None;
+        self.state = State::Between;
+        Ok(())
     }
 
     fn finish_member(&mut self) -> Result<(), DecodeFailure> {

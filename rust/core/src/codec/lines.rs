@@ -4,7 +4,7 @@
 //! (JSON parsing happens under the GIL, straight into Python objects).
 
 use super::columnar::is_json_record;
-use super::gzip::Gunzip;
+use super::gzip::{Gunzip, GzipEntry};
 use super::{count_mismatch, found_more, DecodeFailure, RecordRange, MAX_LINE_BYTES};
 use crate::source::ByteSource;
 
@@ -63,6 +63,9 @@ pub struct JsonlLines {
     failure: Option<DecodeFailure>,
     /// Text that makes the next batch (grows from FIRST_BATCH_BYTES to BATCH_BYTES).
     batch_bytes: usize,
+    /// Entered mid-stream: output bytes still to drop before the first whole line.
+    skip: u64,
+    entered: bool,
 }
 
 impl JsonlLines {
@@ -80,7 +83,35 @@ impl JsonlLines {
             records: 0,
             failure: None,
             batch_bytes: FIRST_BATCH_BYTES,
+            skip: 0,
+            entered: false,
         }
+    }
+
+    /// The reader of `range` of a source that starts at the shard's start, or at `entry`.
+    pub fn open(
+        source: Box<dyn ByteSource>,
+        range: RecordRange,
+        entry: Option<&GzipEntry>,
+    ) -> Self {
+        let lines = Self::new(source);
+        match entry {
+            Some(entry) => lines.with_entry(entry),
+            None => lines,
+        }
+        .with_range(range)
+    }
+
+    /// Reads a source that starts at `entry` (an access point of the shard's index) rather
+    /// than at the shard's start: records and lines are numbered from the entry's first line,
+    /// and the range (in the shard's numbering, set after this) must not start before it.
+    pub fn with_entry(mut self, entry: &GzipEntry) -> Self {
+        self.gunzip.enter_at(entry);
+        self.skip = entry.skip;
+        self.records = entry.first_record;
+        self.next_number = entry.first_line.saturating_add(1);
+        self.entered = true;
+        self
     }
 
     /// Reads only the records of `range`, a record being a line holding a JSON object: lines
@@ -88,7 +119,15 @@ impl JsonlLines {
     /// and the count is checked here (at least `stop` records; exactly `declared` when the
     /// range reaches the end). A full range keeps the whole-shard semantics.
     pub fn with_range(mut self, range: RecordRange) -> Self {
-        self.range = (!range.is_full()).then_some(range);
+        self.range = (!range.is_full() || self.entered).then_some(range);
+        if self.entered && (self.records > range.start || range.declared < self.records) {
+            self.failure = Some(DecodeFailure::shard(format!(
+                "the index entry starts at record {}, after the range's first record {}",
+                self.records, range.start
+            )));
+            self.done = true;
+            return self;
+        }
         self.done = self.range_done();
         self
     }
@@ -136,6 +175,15 @@ impl JsonlLines {
     }
 
     fn scan_lines(&mut self) -> Result<(), DecodeFailure> {
+        if self.skip > 0 {
+            // The rest of the line the entry point falls in: read by the range before.
+            let n = self.skip.min(self.text.len() as u64) as usize;
+            self.text.drain(..n);
+            self.skip -= n as u64;
+            if self.skip > 0 {
+                return Ok(());
+            }
+        }
         while let Some(offset) = memchr::memchr(b'\n', &self.text[self.scan..]) {
             let newline = self.scan + offset;
             if newline == self.line_start {
@@ -292,7 +340,7 @@ pub fn nesting_exceeds(text: &[u8], max: usize) -> bool {
 }
 
 /// Blank as Python's `str.strip()` sees it: Unicode whitespace plus the separators \x1c-\x1f.
-fn is_blank(line: &str) -> bool {
+pub(super) fn is_blank(line: &str) -> bool {
     line.chars()
         .all(|c| c.is_whitespace() || ('\x1c'..='\x1f').contains(&c))
 }

@@ -12,8 +12,10 @@ pub mod columnar;
 pub mod compress;
 pub mod decoder;
 pub mod gzip;
+pub mod gzip_points;
 pub mod lines;
 pub mod msgpack;
+pub mod raw_inflate;
 pub mod zstf;
 
 /// A zstd frame (its 8-byte length prefix excluded) may hold at most this many bytes.

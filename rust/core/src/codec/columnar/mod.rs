@@ -13,6 +13,7 @@ use bytes::Bytes;
 
 pub use records::{is_json_record, JsonRow, RecordBuilder};
 
+use super::gzip::GzipEntry;
 use super::lines::JsonlLines;
 use super::zstf::ZstfFrames;
 use super::{
@@ -55,6 +56,20 @@ pub fn spawn(
     range: RecordRange,
     options: BatchOptions,
 ) -> NativeResult<Receiver<Message>> {
+    spawn_at(format, uri, source, size_bytes, range, options, None)
+}
+
+/// [`spawn`] of a jsonl.gz source that starts at `entry` (an access point of the shard's
+/// index) rather than at the shard's start; `range` counts in the shard.
+pub fn spawn_at(
+    format: ShardFormat,
+    uri: &str,
+    source: Box<dyn ByteSource>,
+    size_bytes: u64,
+    range: RecordRange,
+    options: BatchOptions,
+    entry: Option<GzipEntry>,
+) -> NativeResult<Receiver<Message>> {
     if options.batch_rows == 0 {
         return Err(NativeError::Config("batch_size must be positive".into()));
     }
@@ -62,7 +77,7 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("syvain-batch-decoder".into())
         .stack_size(DECODER_STACK)
-        .spawn(move || produce(format, source, size_bytes, range, options, sender))
+        .spawn(move || produce(format, source, size_bytes, range, options, entry, sender))
         .map_err(|e| shard_error(format, uri, format!("cannot start decoder thread: {e}")))?;
     Ok(receiver)
 }
@@ -75,6 +90,7 @@ fn produce(
     size_bytes: u64,
     range: RecordRange,
     options: BatchOptions,
+    entry: Option<GzipEntry>,
     sender: SyncSender<Message>,
 ) {
     let run = std::panic::AssertUnwindSafe(|| {
@@ -84,7 +100,7 @@ fn produce(
                 let frames = ZstfFrames::with_range(source, range).with_object_size(size_bytes);
                 out.payloads(frames)
             }
-            ShardFormat::JsonlGz => out.lines(JsonlLines::new(source).with_range(range)),
+            ShardFormat::JsonlGz => out.lines(JsonlLines::open(source, range, entry.as_ref())),
         };
         out.close(end);
     });
