@@ -16,8 +16,9 @@ permutation of the same records.
    100, each with and without indexes; 100,000 shards of 20, one group; 200,000 of 20, four
    groups), beside one uniform permutation of the same records (a sample, seeded): distinct
    shards per batch of 32, the largest shard's share of a batch, and single-shard batches.
-   Without an index a block is a whole shard (jsonl.gz, Parquet, msgpack.zstf that other
-   writers made); with one, a block is a run of records of an indexed msgpack.zstf shard.
+   Without an index a block is a whole shard (Parquet, and msgpack.zstf and jsonl.gz that other
+   writers made); with one, a block is a run of records of an indexed msgpack.zstf or jsonl.gz
+   shard (the plan depends only on whether there are indexes, not on the format).
 
 Uniform figures of parts 1 and 2 are exact expectations (drawing without replacement), not
 samples.
@@ -128,8 +129,9 @@ def batch_figures(shards: list[int]) -> tuple[float, float, int]:
 def layouts() -> list[dict[str, Any]]:
     rng = random.Random(7)
     lognormal = [max(1, int(rng.lognormvariate(6, 1.2))) for _ in range(500)]
-    # "No index": jsonl.gz, Parquet and msgpack.zstf shards other writers made (blocks are whole
-    # shards); "indexed": msgpack.zstf shards of this package's saver or `syvain-data index`.
+    # "No index": Parquet, and msgpack.zstf and jsonl.gz shards other writers made (blocks are
+    # whole shards); "indexed": msgpack.zstf and jsonl.gz shards of this package's saver or
+    # `syvain-data index` (blocks are runs of records; the order is the same for both formats).
     cases: list[tuple[str, list[int], bool, int]] = [
         ("65 shards x 500 records", [500] * 65, False, 500),
         ("500 shards, log-normal records, no index", lognormal, False, 500),

@@ -6,8 +6,10 @@
 2. **Bytes and requests**: per epoch, the bytes the consumers' streams received
    (`loader.stats().bytes`, index reads included) over the shards' bytes, and the range reads
    (`shard_opens`) per GB, at 1, 4 and 16 consumers (ranks of 1 worker), unseeded and seeded,
-   from SeaweedFS, for each format (msgpack.zstf with the saver's indexes, jsonl.gz, Parquet),
-   over 16 equal shards (2,000 records each) and 16 unequal ones (125 to 8,000 records).
+   from SeaweedFS, for each format (msgpack.zstf and jsonl.gz with the saver's indexes,
+   Parquet), over 16 equal shards (2,000 records each) and 16 unequal ones (125 to 8,000
+   records); and jsonl.gz over 8 large shards (24,000 records, about 9 MB and 3 blocks each),
+   the layout where its access points let a consumer enter a shard mid-stream.
 3. **Memory**: a local dataset of 10,000 shards (x 40 records of 2 KB), loaded seeded with 2
    workers: each worker's peak resident memory (VmHWM) and the main process's, beside the same
    unseeded.
@@ -144,9 +146,12 @@ def bytes_rows(client: SyvainTrainingData, root: str, store: str) -> None:
         "equal": [2000] * SHARDS,
         "unequal": [125 * 2 ** (i % 7) for i in range(SHARDS)],  # 125 to 8,000 records
     }
-    for layout, counts in layouts.items():
+    formats = ("msgpack.zstf", "jsonl.gz", "parquet")
+    cases = [(layout, counts, formats) for layout, counts in layouts.items()]
+    cases.append(("large", [24_000] * (SHARDS // 2), ("jsonl.gz",)))
+    for layout, counts, data_formats in cases:
         shards = [text_records(count, seed) for seed, count in enumerate(counts)]
-        for data_format in ("msgpack.zstf", "jsonl.gz", "parquet"):
+        for data_format in data_formats:
             uri = f"{root}/bytes-{layout}-{data_format}/data-manifest.json"
             size = publish(client, uri, shards, data_format)
             for consumers in (1, 4, 16):

@@ -217,10 +217,10 @@ class ShardReader:
 
 @final
 class GzipAccessPoints:
-    """The access points of a jsonl.gz shard for blocks of ``block`` records, built from its
-    bytes fed in order (``formats.gzip_index``)."""
+    """The access points of a jsonl.gz shard, every ``step`` records of each block of
+    ``block`` records, built from its bytes fed in order (``formats.gzip_index``)."""
 
-    def __new__(cls, uri: str, block: int) -> GzipAccessPoints: ...
+    def __new__(cls, uri: str, block: int, step: int) -> GzipAccessPoints: ...
     def feed(self, chunk: bytes | memoryview) -> None: ...
     def finish(self) -> None: ...
     # (start_bit, member_start, skip, first_record, first_line, end_byte, window)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from syvain_training_data import SyvainTrainingData, iter_shard
+from syvain_training_data import SyvainTrainingData, iter_shard, iter_shard_batches
 from syvain_training_data.cli import main as cli_main
 from syvain_training_data.formats.gzip_index import HEADER, GzipIndexLayout
 from syvain_training_data.formats.shard_index import INDEX_SUFFIX
@@ -74,17 +74,18 @@ def foreign(tmp_path_factory) -> tuple[ManifestShard, list[dict[str, object]]]:
 
 
 def test_index_writes_keeps_and_every_block_reads_exactly(foreign):
+    pyarrow = pytest.importorskip("pyarrow")
     shard, whole = foreign
     config = StorageConfig()
     assert index_shard(shard, config, data_format="jsonl.gz") == "written"
     assert index_shard(shard, config, data_format="jsonl.gz") == "kept"
     layout = GzipIndexLayout(shard.records, shard.size_bytes)
-    assert layout.blocks >= 3
+    assert layout.entries >= 20
     indexes = ShardIndexes(None, None, "jsonl.gz")
     rng = random.Random(0)
-    ranges = [
-        (k * layout.block, min((k + 1) * layout.block, RECORDS)) for k in range(layout.blocks)
-    ]
+    firsts = [n for n in range(RECORDS) if n % layout.block % layout.step == 0]
+    assert len(firsts) == layout.entries
+    ranges = list(zip(firsts, [*firsts[1:], RECORDS], strict=True))
     ranges += [tuple(sorted(rng.sample(range(RECORDS + 1), 2))) for _ in range(12)]
     for start, stop in ranges:
         if start == stop:
@@ -93,11 +94,17 @@ def test_index_writes_keeps_and_every_block_reads_exactly(foreign):
         assert segment is not None and segment.entry is not None
         records = list(read_records("jsonl.gz", shard, None, start, stop, segment))
         assert records == whole[start:stop], (start, stop)
-        # About the bytes of the blocks the range touches: what is before the first block's
+        # The columnar read (columns=, load_tokens) enters the same way.
+        batches = iter_shard_batches(
+            "jsonl.gz", shard, columns=["i"], start=start, stop=stop, index=segment
+        )
+        ids = [i for batch in batches for i in pyarrow.record_batch(batch).column("i").to_pylist()]
+        assert ids == [r["i"] for r in whole[start:stop]]
+        # About the bytes of the steps the range touches: what is before the first step's
         # first record and after the last one's last is less than a deflate block (and the
         # one long record) each.
-        blocks = (stop - 1) // layout.block - start // layout.block + 1
-        share = shard.size_bytes * min(RECORDS, blocks * layout.block) / RECORDS
+        steps = layout.entry_of(stop - 1) - layout.entry_of(start) + 1
+        share = shard.size_bytes * min(RECORDS, steps * layout.step) / RECORDS
         assert segment.byte_end - segment.byte_start <= share + 400_000, (start, stop)
     assert index_problem(shard, config, data_format="jsonl.gz") is None
 
@@ -110,19 +117,19 @@ def test_verify_finds_a_tampered_entry_and_the_loader_ignores_a_stale_index(
     index_shard(shard, config, data_format="jsonl.gz")
     path = Path(shard.uri.removeprefix("file://") + INDEX_SUFFIX)
     original = path.read_bytes()
-    layout = GzipIndexLayout(shard.records, shard.size_bytes)
+    layout = GzipIndexLayout(shard.records, shard.size_bytes).with_header(original)
     try:
         tampered = bytearray(original)
-        tampered[HEADER.size + layout.slot + 8] ^= 1  # block 1's skip
+        tampered[HEADER.size + layout.slot + 8] ^= 1  # access point 1's skip
         path.write_bytes(bytes(tampered))
         problem = index_problem(shard, config, data_format="jsonl.gz")
-        assert problem is not None and "block 1" in problem
+        assert problem is not None and "access point 1 " in problem
         # Another version of the shard named: not used, and the reads stay exact.
         stale = bytearray(original)
         stale[24] ^= 1
         path.write_bytes(bytes(stale))
         indexes = ShardIndexes(None, None, "jsonl.gz")
-        start, stop = layout.block + 5, layout.block + 50
+        start, stop = layout.step + 5, layout.step + 50
         assert indexes.segment(shard, start, stop) is None
         assert "another version of the shard" in caplog.text
         assert list(iter_shard("jsonl.gz", shard, start=start, stop=stop)) == whole[start:stop]

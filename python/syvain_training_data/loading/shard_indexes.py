@@ -59,6 +59,18 @@ def index_layout(data_format: str, shard: ManifestShard) -> IndexLayout | GzipIn
     return IndexLayout(shard.records, shard.size_bytes)
 
 
+def sized_layout(
+    data_format: str, shard: ManifestShard, uri: str, config: StorageConfig | None
+) -> IndexLayout | GzipIndexLayout:
+    """The layout of ``shard``'s index object at ``uri`` as stored: a jsonl.gz index's slot
+    size depends on its longest window, so its object is HEADed for its size (FileNotFoundError
+    when there is none; ValueError when no layout fits it)."""
+    layout = index_layout(data_format, shard)
+    if isinstance(layout, GzipIndexLayout):
+        layout = layout.with_object_size(head_object(uri, storage_config=config).size)
+    return layout
+
+
 def header_size(layout: IndexLayout | GzipIndexLayout) -> int:
     return gzip_index.HEADER.size if isinstance(layout, GzipIndexLayout) else HEADER.size
 
@@ -122,6 +134,8 @@ class ShardIndexes:
         self._usable: OrderedDict[str, bool] = OrderedDict()
         self._checking: dict[str, threading.Lock] = {}
         self._learned_offsets: OrderedDict[str, LearnedOffsets] = OrderedDict()
+        # jsonl.gz index layouts (their window room places the slots), once checked.
+        self._gzip_layouts: dict[str, GzipIndexLayout] = {}
         self._lock = threading.Lock()
 
     def segment(self, shard: ManifestShard, start: int, stop: int) -> Segment | None:
@@ -151,13 +165,18 @@ class ShardIndexes:
     def _entered(
         self, shard: ManifestShard, layout: GzipIndexLayout, start: int, stop: int
     ) -> Segment | None:
-        """A jsonl.gz segment from the access points of the blocks around [start, stop):
-        the first block's entry (with its window) and the last one's end; None (read from
-        the shard's start) when the shard has no index that names it."""
+        """A jsonl.gz segment from the access points around [start, stop): the first one's
+        entry (with its window) and the last one's end; None (read from the shard's start)
+        when the shard has no index that names it."""
         if not self._names_its_shard(shard):
             return None
         uri = index_uri(shard.uri, self.index_root)
-        first, last = start // layout.block, (stop - 1) // layout.block
+        with self._lock:
+            sized = self._gzip_layouts.get(shard.uri)
+        if sized is None:  # forgotten since it was checked: check again
+            return None if not self._check(shard) else self._entered(shard, layout, start, stop)
+        layout = sized
+        first, last = layout.entry_of(start), layout.entry_of(stop - 1)
         try:
             slot = read_index_bytes(
                 uri, layout, *layout.slot_range(first, window=first > 0), self.storage_config
@@ -209,6 +228,7 @@ class ShardIndexes:
         uri = index_uri(shard.uri, self.index_root)
         layout = index_layout(self.data_format, shard)
         try:
+            layout = sized_layout(self.data_format, shard, uri, self.storage_config)
             header = read_index_bytes(uri, layout, 0, header_size(layout), self.storage_config)
             problem = layout.header_problem(header, shard_version(shard, self.storage_config))
         except FileNotFoundError:
@@ -221,6 +241,11 @@ class ShardIndexes:
         if problem is not None:
             self._set_unusable(shard, uri, problem)
             return False
+        if isinstance(layout, GzipIndexLayout):
+            with self._lock:
+                self._gzip_layouts[shard.uri] = layout
+                if len(self._gzip_layouts) > REMEMBERED:
+                    del self._gzip_layouts[next(iter(self._gzip_layouts))]
         self._remember(shard.uri, True)
         return True
 
@@ -271,7 +296,12 @@ def index_problem(
         return None
     version = shard_version(shard, storage_config)
     layout = index_layout(data_format, shard)
-    problem = layout.header_problem(data[: header_size(layout)], version)
+    try:
+        if isinstance(layout, GzipIndexLayout):
+            layout = layout.with_object_size(len(data))
+        problem = layout.header_problem(data[: header_size(layout)], version)
+    except ValueError as error:
+        problem = str(error)
     if problem is None and len(data) != layout.object_size:
         problem = f"it holds {len(data)} bytes, not the {layout.object_size} expected"
     if problem is not None:
@@ -293,9 +323,11 @@ def index_problem(
     if data == expected:
         return None
     if isinstance(layout, GzipIndexLayout):
+        if data[: gzip_index.HEADER.size] != expected[: gzip_index.HEADER.size]:
+            return f"{uri}: its header is not the one its shard gives (another window room)"
         wrong = _first_difference(data, expected, gzip_index.HEADER.size, layout.slot)
         return (
-            f"{uri}: the access point of block {wrong} (records from {wrong * layout.block}) "
+            f"{uri}: access point {wrong} (records from {wrong * layout.step}) "
             "is not the one its shard has; loaders trust an index that names its shard's "
             "version, so delete it or write it anew (syvain-data index)"
         )

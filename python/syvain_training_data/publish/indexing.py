@@ -20,7 +20,12 @@ from syvain_training_data.formats import shard_index
 from syvain_training_data.formats.gzip_index import GzipIndexLayout
 from syvain_training_data.formats.indexes import build_index
 from syvain_training_data.formats.shard_index import IndexLayout, index_uri
-from syvain_training_data.loading.shard_indexes import header_size, index_layout, read_index_bytes
+from syvain_training_data.loading.shard_indexes import (
+    header_size,
+    index_layout,
+    read_index_bytes,
+    sized_layout,
+)
 from syvain_training_data.manifest import ManifestShard
 from syvain_training_data.object_check import check_head
 from syvain_training_data.storage import StorageConfig, open_stream, put_object
@@ -59,9 +64,8 @@ def index_shard(
         )
     version = shard_index.version_tag(shard.uri, head.info.etag)
     target = index_uri(shard.uri, index_root)
-    layout = index_layout(data_format, shard)
-    present = _header(target, layout, storage_config)
-    if present is not None and layout.header_problem(present, version) is None:
+    present = _header(target, data_format, shard, storage_config)
+    if present is not None and present[1].header_problem(present[0], version) is None:
         return "kept"
     with open_stream(
         shard.uri,
@@ -94,16 +98,21 @@ def index_shard(
     return "replaced"
 
 
-def _header(uri: str, layout: IndexLayout | GzipIndexLayout, config: StorageConfig) -> bytes | None:
-    """The first bytes of the index object at ``uri`` (None: there is none); an object of
-    another size is read as an empty header, one that names nothing."""
+def _header(
+    uri: str, data_format: str, shard: ManifestShard, config: StorageConfig
+) -> tuple[bytes, IndexLayout | GzipIndexLayout] | None:
+    """The first bytes of the index object at ``uri`` and the layout its size gives (None:
+    there is none); an object no layout of this shard fits is read as an empty header, one
+    that names nothing."""
+    layout: IndexLayout | GzipIndexLayout = index_layout(data_format, shard)
     size = header_size(layout)
     try:
-        return read_index_bytes(uri, layout, 0, size, config)
+        layout = sized_layout(data_format, shard, uri, config)
+        return read_index_bytes(uri, layout, 0, size, config), layout
     except FileNotFoundError:
         return None
-    except ObjectDataError:  # another size: no index of this shard
-        return b"\0" * size
+    except (ObjectDataError, ValueError):  # another size: no index of this shard
+        return b"\0" * size, layout
 
 
 def _counted(chunks: Iterable[bytes], on_bytes: Callable[[int], None] | None) -> Iterator[bytes]:

@@ -44,7 +44,7 @@ fuzz_target!(|data: &[u8]| {
     let _ = lines(shard, range, Some(&hostile));
 
     // The builder over the same bytes, in chunks as a stream would cut them.
-    let Ok(mut points) = AccessPoints::new(u64::from(block.max(1))) else {
+    let Ok(mut points) = AccessPoints::new(u64::from(block.max(1)), u64::from(block.max(1))) else {
         return;
     };
     let mut entries = Vec::new();

@@ -15,7 +15,8 @@ use crate::error::BindingResult;
 /// first_line, end_byte, window).
 type EntryTuple<'py> = (u64, bool, u64, u64, u64, u64, Bound<'py, PyBytes>);
 
-/// Builds the access points of a jsonl.gz shard for blocks of `block` records.
+/// Builds the access points of a jsonl.gz shard: every `step` records of each block of
+/// `block` records.
 #[pyclass(module = "syvain_training_data._native")]
 pub struct GzipAccessPoints {
     uri: String,
@@ -25,11 +26,13 @@ pub struct GzipAccessPoints {
 #[pymethods]
 impl GzipAccessPoints {
     #[new]
-    fn new(uri: String, block: u64) -> PyResult<Self> {
-        if block == 0 {
-            return Err(PyValueError::new_err("block must be at least 1 record"));
+    fn new(uri: String, block: u64, step: u64) -> PyResult<Self> {
+        if step == 0 || step > block {
+            return Err(PyValueError::new_err(
+                "step must be at least 1 record and at most block",
+            ));
         }
-        let points = AccessPoints::new(block).map_err(PyValueError::new_err)?;
+        let points = AccessPoints::new(block, step).map_err(PyValueError::new_err)?;
         Ok(Self { uri, points })
     }
 

@@ -1,11 +1,13 @@
-//! The access points of a jsonl.gz shard: for each block of `block` records (the unit the
-//! seeded order permutes), where a read of it can enter the gzip stream with one ranged GET.
+//! The access points of a jsonl.gz shard: for each step of `step` records inside each block of
+//! `block` records (the unit the seeded order permutes), where a read can enter the gzip
+//! stream with one ranged GET.
 //!
 //! A deflate stream can be entered at a block boundary given the bit offset and the 32 KiB of
-//! output before it (zlib's zran.c). Block `k`'s entry is the last boundary (or member start)
-//! at or before the line of record `k * block`: a read there skips the rest of a line and a
-//! few records (less than one deflate block of text). Its end is the first boundary after the
-//! line of the block's last record, so a read of the block fetches about its own bytes.
+//! output before it (zlib's zran.c). A step's entry is the last deflate boundary (or member
+//! start) at or before the line of its first record: a read there skips the rest of a line
+//! and a few records (less than one deflate block of text). Its end is the first boundary
+//! after the line of the step's last record, so a read of whole steps fetches about their own
+//! bytes. Steps restart at every block, so every block starts at an entry.
 //!
 //! [`AccessPoints`] is fed the shard's bytes in chunks of any size (one streaming pass: the
 //! saver's spool, or `syvain-data index`), checks the whole stream (every member's CRC-32 and
@@ -30,7 +32,7 @@ pub const MAX_ENTRY_GAP: u64 = 64 << 20;
 const MAX_HEADER_BYTES: usize = 1 << 20;
 const READ_BYTES: usize = 256 << 10;
 
-/// Where a read of one block enters the stream and where it may stop.
+/// Where a read of one step enters the stream and where it may stop.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BlockEntry {
     /// The entry point, in bits from the shard's start (a member start is on a byte).
@@ -42,7 +44,7 @@ pub struct BlockEntry {
     pub first_record: u64,
     /// Lines (blank ones too) before that line.
     pub first_line: u64,
-    /// The byte by which the block's last record (its "\n" too) can be decoded.
+    /// The byte by which the step's last record (its "\n" too) can be decoded.
     pub end_byte: u64,
     /// The output before the entry point (at most [`WINDOW_BYTES`]; empty at a member start).
     pub window: Vec<u8>,
@@ -70,6 +72,7 @@ enum Member {
 /// Builds the [`BlockEntry`]s of a jsonl.gz stream fed in chunks.
 pub struct AccessPoints {
     block: u64,
+    step: u64,
     member: Member,
     /// Header or trailer bytes gathered so far.
     pending: Vec<u8>,
@@ -93,16 +96,19 @@ pub struct AccessPoints {
     line_candidate: Option<Candidate>,
     /// Entries waiting for the boundary after their last record (output offset it needs).
     open: VecDeque<(BlockEntry, u64)>,
-    /// The entry of the current block, until its last record is read.
+    /// The entry of the current step, until its last record is read.
     current: Option<BlockEntry>,
     done: VecDeque<BlockEntry>,
 }
 
 impl AccessPoints {
-    /// Entries for blocks of `block` records (at least 1).
-    pub fn new(block: u64) -> Result<Self, String> {
+    /// Entries every `step` records of each block of `block` records (both at least 1;
+    /// `step` at most `block`).
+    pub fn new(block: u64, step: u64) -> Result<Self, String> {
+        let block = block.max(1);
         let mut points = Self {
-            block: block.max(1),
+            block,
+            step: step.clamp(1, block),
             member: Member::Header { between: false },
             pending: Vec::new(),
             inflate: RawInflate::new()?,
@@ -135,7 +141,7 @@ impl AccessPoints {
         self.records
     }
 
-    /// The entries whose blocks are complete, in block order.
+    /// The entries whose steps are complete, in order.
     pub fn take_entries(&mut self) -> Vec<BlockEntry> {
         self.done.drain(..).collect()
     }
@@ -279,11 +285,11 @@ impl AccessPoints {
         let record = !is_blank(text) && is_json_record(bytes);
         if record {
             let n = self.records;
-            if n > 0 && n.is_multiple_of(self.block) {
-                self.start_block(n)?;
+            if n > 0 && self.starts_step(n) {
+                self.start_step(n)?;
             }
             self.records += 1;
-            if self.records.is_multiple_of(self.block) {
+            if self.starts_step(self.records) {
                 if let Some(entry) = self.current.take() {
                     self.open.push_back((entry, next));
                 }
@@ -300,8 +306,13 @@ impl AccessPoints {
         Ok(())
     }
 
-    /// Record `n` starts block `n / block`: its entry is the line's candidate.
-    fn start_block(&mut self, n: u64) -> Result<(), DecodeFailure> {
+    /// Whether record `n` is the first of a step.
+    fn starts_step(&self, n: u64) -> bool {
+        (n % self.block).is_multiple_of(self.step)
+    }
+
+    /// Record `n` starts a step: its entry is the line's candidate.
+    fn start_step(&mut self, n: u64) -> Result<(), DecodeFailure> {
         let gap_error = || {
             DecodeFailure::shard(format!(
                 "no deflate block boundary within {MAX_ENTRY_GAP} bytes before record {n}"

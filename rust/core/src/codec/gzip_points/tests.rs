@@ -52,7 +52,16 @@ fn gzip(data: &[u8]) -> Vec<u8> {
 }
 
 fn build(data: &[u8], block: u64, chunk: usize) -> Result<(u64, Vec<BlockEntry>), String> {
-    let mut points = AccessPoints::new(block)?;
+    build_steps(data, block, block, chunk)
+}
+
+fn build_steps(
+    data: &[u8],
+    block: u64,
+    step: u64,
+    chunk: usize,
+) -> Result<(u64, Vec<BlockEntry>), String> {
+    let mut points = AccessPoints::new(block, step)?;
     let mut entries = Vec::new();
     for piece in data.chunks(chunk) {
         points.feed(piece).map_err(reason)?;
@@ -186,6 +195,27 @@ fn every_block_read_from_its_entry_equals_the_whole_read() {
     let data = gzip(&plain);
     for block in [1, 7, 250, 1_000, 5_000, 10_000] {
         check_every_block(&data, block);
+    }
+}
+
+#[test]
+fn steps_restart_at_every_block() {
+    let plain = text(3_000, 5);
+    let data = gzip(&plain);
+    let (block, step) = (700u64, 300u64);
+    let (records, entries) = build_steps(&data, block, step, 1 << 14).unwrap();
+    // Steps start at 0, 300, 600 of every block of 700: records 0, 300, 600, 700, 1000, ...
+    let firsts: Vec<u64> = (0..records)
+        .filter(|n| (n % block) % step == 0)
+        .collect();
+    assert_eq!(entries.len(), firsts.len());
+    let whole = counted(read(&data, RecordRange::full(records), None).unwrap());
+    for (entry, (k, &first)) in entries.iter().zip(firsts.iter().enumerate()).skip(1) {
+        let stop = firsts.get(k + 1).copied().unwrap_or(records);
+        let range = RecordRange::new(records, first as i64, Some(stop as i64)).unwrap();
+        assert!(entry.first_record <= first);
+        let entered = read(&data, range, Some(entry)).unwrap();
+        assert_eq!(entered, expected(&whole, first, stop), "step {k}");
     }
 }
 
