@@ -28,6 +28,7 @@ from syvain_training_data.loading import schedule as schedules
 from syvain_training_data.loading import state as checks
 from syvain_training_data.loading.bundles import BUNDLE_BATCHES, Bundle, bundled
 from syvain_training_data.loading.dataloader import STATE_VERSION
+from syvain_training_data.loading.dataset import ShardDataset
 from syvain_training_data.loading.positions import PositionDataset, PositionLoader, sent
 from syvain_training_data.loading.reader import ShardRange, consumer_records
 from syvain_training_data.loading.shard_indexes import ShardIndexes
@@ -39,8 +40,11 @@ __all__ = [
     "FilteredDataLoader",
     "FilteredDataset",
     "RecordFilter",
+    "Tagged",
+    "check_filter_names",
     "filter_refusal",
     "record_filter",
+    "tagged_records",
 ]
 
 # A filtered record loader state's ``kind``.
@@ -48,7 +52,7 @@ FILTERED_KIND = "filtered"
 # A state holds the filter's name; a loader state's strings are at most 64 characters.
 MAX_FILTER_NAME = 64
 # (shard index in the table, record number in the shard, record)
-_Tagged = tuple[int, int, Any]
+Tagged = tuple[int, int, Any]
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,19 @@ def _convert_one(batch: list[Any]) -> Any:
     return default_convert(batch[0])  # type: ignore[no-untyped-call]
 
 
+def tagged_records(
+    dataset: ShardDataset, shard_range: ShardRange, indexes: ShardIndexes | None
+) -> Iterator[Tagged]:
+    """A shard range's records as ``load`` reads them (dicts), each with its shard and its
+    number in the shard (a filter error names them)."""
+    return _tagged(shard_range, ShardDataset._open(dataset, shard_range, indexes))
+
+
+def _tagged(shard_range: ShardRange, records: Iterator[Any]) -> Iterator[Tagged]:
+    table_index, start, _ = shard_range
+    return zip(itertools.repeat(table_index), itertools.count(start), records, strict=False)
+
+
 class FilteredDataset(PositionDataset):
     """A :class:`PositionDataset` of records that ``keep`` keeps: each consumer reads its part
     of the epoch, applies the filter to every record and collates (``collate``) each
@@ -209,7 +226,7 @@ class FilteredDataset(PositionDataset):
         part = layout[self.rank][worker]
         counters = self.counters.consumer(worker)
         indexes = self.new_indexes()
-        records: Iterator[_Tagged] = consumer_records(
+        records: Iterator[Tagged] = consumer_records(
             self.read_plan.orders(epoch),
             self.stream_shards,
             self.read_plan.mixed(epoch),
@@ -220,7 +237,7 @@ class FilteredDataset(PositionDataset):
 
     def _kept(
         self,
-        records: Iterator[_Tagged],
+        records: Iterator[Tagged],
         part: Sequence[tuple[int, int]],
         epoch: int,
         worker: int,
@@ -250,15 +267,11 @@ class FilteredDataset(PositionDataset):
         finally:
             counters.yielded(index)  # records read, kept or not
 
-    def _tagged(self, shard_range: ShardRange, indexes: ShardIndexes | None) -> Iterator[_Tagged]:
-        """A shard range's records, each with its shard and its number in the shard (a filter
-        error names them)."""
-        table_index, start, _ = shard_range
+    def _tagged(self, shard_range: ShardRange, indexes: ShardIndexes | None) -> Iterator[Tagged]:
         if self.columns is None:
-            opened = self._open(shard_range, indexes)
-        else:
-            opened = self._column_records(shard_range, indexes, self.columns)
-        return zip(itertools.repeat(table_index), itertools.count(start), opened, strict=False)
+            return tagged_records(self, shard_range, indexes)
+        records = self._column_records(shard_range, indexes, self.columns)
+        return _tagged(shard_range, records)
 
     def _column_records(
         self, shard_range: ShardRange, indexes: ShardIndexes | None, columns: Sequence[str]

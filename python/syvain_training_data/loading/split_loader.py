@@ -537,6 +537,8 @@ class SplitDataLoader:
         text_column: str | None = None,
         tokenizer: object = None,
         tokenizer_name: str | None = None,
+        filter: Callable[[Any], Any] | None = None,
+        filter_name: str | None = None,
     ) -> Any:
         """Packed token blocks: a DataLoader of int64 tensors of shape (batch_size, seq_len)
         (with ``infinite_iter``, an endless iterator of them). ``collate_fn`` is not used.
@@ -584,6 +586,16 @@ class SplitDataLoader:
         ``tokenizers.Tokenizer``'s ``to_str()``, or ``tokenizer_name``), so resuming with
         another one is a ValueError naming both.
 
+        Filters: ``filter=pred`` packs only the records ``pred(record)`` is true for, as
+        :meth:`load`'s ``filter`` (same checks, ``filter_name`` and refusal of a state made
+        with another filter). The predicate receives the whole record as :meth:`load` yields
+        it (the shard's dict, every column), in the workers, before tokenizing and packing; a
+        filtered token loader therefore reads every column and makes a Python dict per record
+        (without a filter only the token or text column is read, as Arrow arrays). A record it
+        drops adds nothing to the stream, not even ``eos_id``. The state counts source
+        records consumed and the token offset in the next kept one, so it resumes exactly on
+        any topology; ``len()`` stays a TypeError, as for every ``load_tokens`` loader.
+
         Batches are dicts instead of tensors when any of these is given (every one keeps the
         columnar path, the batch ring and exact resume):
 
@@ -613,15 +625,18 @@ class SplitDataLoader:
                 answer that is not one list of ints per text, a token id beyond int64 (when
                 read, naming the shard and record).
             TypeError: ``tokenizer`` neither a ``tokenizers.Tokenizer`` nor callable,
-                ``text_column`` or ``tokenizer_name`` not a str.
+                ``text_column`` or ``tokenizer_name`` not a str; ``filter`` not callable or not
+                picklable, ``filter_name`` not a str of 1 to 64 characters.
         """
         boolean(stateful, "stateful")  # kept for compatibility: every loader is stateful
         boolean(documents, "documents")
         boolean(pack, "pack")
+        from syvain_training_data.loading.filters import record_filter
         from syvain_training_data.loading.text_tokens import text_tokenizer
         from syvain_training_data.loading.tokens import TokenDataLoader, TokenDataset
 
         text = text_tokenizer(text_column, tokenizer, tokenizer_name, column)
+        keep = record_filter(filter, filter_name)
         column = "tokens" if column is None else column
         if text is not None and loss_mask_column is not None:
             raise ValueError(
@@ -670,6 +685,7 @@ class SplitDataLoader:
             mask_column=loss_mask_column,
             rows=rows,
             text=text,
+            keep=keep,
         )
         loader = TokenDataLoader(dataset, log_stats_every=options.log_stats_every, **args)
         return _delivered(loader, options)

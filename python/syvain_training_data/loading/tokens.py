@@ -28,6 +28,12 @@ from syvain_training_data.loading import schedule as schedules
 from syvain_training_data.loading import state as checks
 from syvain_training_data.loading.bundles import BUNDLE_BATCHES, BUNDLE_BYTES, Bundle, bundled
 from syvain_training_data.loading.dataloader import STATE_VERSION
+from syvain_training_data.loading.filters import (
+    RecordFilter,
+    Tagged,
+    check_filter_names,
+    tagged_records,
+)
 from syvain_training_data.loading.list_columns import int_lists
 from syvain_training_data.loading.packing import (
     BlockPacking,
@@ -44,6 +50,7 @@ from syvain_training_data.loading.reader import ShardRange, consumer_records
 from syvain_training_data.loading.shard_indexes import ShardIndexes
 from syvain_training_data.loading.stats import PUBLISH_MASK
 from syvain_training_data.loading.text_tokens import (
+    TOKENIZE_RECORDS,
     TextTokenizer,
     text_problem,
     tokenizer_refusal,
@@ -76,10 +83,13 @@ class TokenDataset(PositionDataset):
         mask_column: str | None = None,
         rows: RowOptions | None = None,
         text: TextTokenizer | None = None,
+        keep: RecordFilter | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.column = column
+        # Packs only the records it keeps (load_tokens(filter=)), read whole.
+        self.keep = keep
         # Tokenizes a text column instead of reading ``column`` (load_tokens(text_column=)).
         self.text = text
         self.seq_len = seq_len
@@ -97,12 +107,17 @@ class TokenDataset(PositionDataset):
         selection = (read_plan or self.read_plan).fingerprint(earlier_release)
         source = self.column if self.text is None else f"text:{self.text.column}:{self.text.name}"
         text = f"{selection}:{STATE_KIND}:{source}:{self.eos_id}"
+        if self.keep is not None:
+            text += f":filter:{self.keep.name}"
         if self.rows is not None:  # a row per record: no state of packed blocks applies
             text += f":rows:{self.rows.truncate}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def names(self) -> dict[str, str]:
-        return {} if self.text is None else {"tokenizer": self.text.name}
+        names = {} if self.text is None else {"tokenizer": self.text.name}
+        if self.keep is not None:
+            names["filter"] = self.keep.name
+        return names
 
     def check_names(self, state: dict[str, Any]) -> None:
         """ValueError naming both when ``state`` was made with another tokenizer than this
@@ -113,6 +128,7 @@ class TokenDataset(PositionDataset):
         text = self.text
         if theirs != (None if text is None else text.name):
             raise ValueError(tokenizer_refusal(theirs, text))
+        check_filter_names(state, self.keep)
 
     def __iter__(self) -> Iterator[Bundle]:
         info = get_worker_info()
@@ -144,13 +160,24 @@ class TokenDataset(PositionDataset):
         in_runs = mixed is None and self.read_plan.seed is None
         open_range = self._open if in_runs else self._open_records
         indexes = self.new_indexes()
-        runs = consumer_records(
-            orders,
-            self.stream_shards,
-            mixed,
-            part,
-            lambda r: counters.watch(open_range(r, indexes)),
-        )
+        runs: Iterator[Records | int]
+        if self.keep is not None:  # whole records, filtered, then packed in runs
+            records = consumer_records(
+                orders,
+                self.stream_shards,
+                mixed,
+                part,
+                lambda r: counters.watch(tagged_records(self, r, indexes)),
+            )
+            runs = self._kept_runs(records, self.keep)
+        else:
+            runs = consumer_records(
+                orders,
+                self.stream_shards,
+                mixed,
+                part,
+                lambda r: counters.watch(open_range(r, indexes)),
+            )
         cut_at = token_plan.cuts_by_index(part, cuts)
         packer: RowPacker | BlockPacking
         if self.rows is not None:
@@ -171,7 +198,7 @@ class TokenDataset(PositionDataset):
 
     def _packed(
         self,
-        runs: Iterator[Records],
+        runs: Iterator[Records | int],
         packer: RowPacker | BlockPacking,
         epoch: int,
         part: Sequence[tuple[int, int]],
@@ -181,6 +208,12 @@ class TokenDataset(PositionDataset):
         index = 0
         try:
             for records in runs:
+                if isinstance(records, int):  # records the filter dropped: consumed, not packed
+                    count = records
+                    if (index ^ (index + count)) & ~PUBLISH_MASK:
+                        counters.yielded(index + count)
+                    index += count
+                    continue
                 count = len(records.bounds) - 1
                 for batch, whole, offset in packer.pack(index, records):
                     yield batch, worker, whole, offset
@@ -192,6 +225,70 @@ class TokenDataset(PositionDataset):
                 yield batch, worker, whole, offset
         finally:
             counters.yielded(index)  # records read (a cut one counts once)
+
+    def _kept_runs(self, records: Iterator[Tagged], keep: RecordFilter) -> Iterator[Records | int]:
+        """The consumer's records as runs of consecutive records ``keep`` keeps (at most
+        ``TOKENIZE_RECORDS`` each), between counts of consecutive records it drops."""
+        uris = self.table.uris
+        group: list[Tagged] = []
+        dropped = 0
+        for shard, number, record in records:
+            if keep.keeps(record, uris[shard], number):
+                if dropped:
+                    yield dropped
+                    dropped = 0
+                group.append((shard, number, record))
+                if len(group) == TOKENIZE_RECORDS:
+                    yield self._run(group)
+                    group = []
+            else:
+                if group:
+                    yield self._run(group)
+                    group = []
+                dropped += 1
+        if group:
+            yield self._run(group)
+        if dropped:
+            yield dropped
+
+    def _run(self, group: list[Tagged]) -> Records:
+        """Consecutive kept records (Python dicts) as one run: their token column, or their
+        text tokenized, and their loss mask; errors name each record's shard and number."""
+        where = [(self.table.uris[shard], number) for shard, number, _ in group]
+        if self.text is not None:
+            texts = []
+            for (uri, number), (_, _, record) in zip(where, group, strict=True):
+                problem = text_problem([record], self.text.column, uri, number)
+                if problem is not None:
+                    raise problem
+                texts.append(record[self.text.column])
+            offsets, values = self.text.tokens_of(texts, where)
+            mask = None
+        else:
+            lists = [
+                token_list(record, self.column, uri, number, "token column")
+                for (uri, number), (_, _, record) in zip(where, group, strict=True)
+            ]
+            offsets, values = flat_lists(lists)
+            mask = None
+            if self.mask_column is not None:
+                masks = [
+                    token_list(record, self.mask_column, uri, number, "loss mask column")
+                    for (uri, number), (_, _, record) in zip(where, group, strict=True)
+                ]
+                for k, (ids, flags) in enumerate(zip(lists, masks, strict=True)):
+                    uri, number = where[k]
+                    if len(flags) != len(ids) or not set(flags) <= {0, 1}:
+                        raise ValueError(
+                            f"Record {number} of shard {uri} has a loss mask in "
+                            f"{self.mask_column!r} that is not {len(ids)} values of 0 or 1 (one "
+                            "per token)"
+                        )
+                mask = flat_lists(masks)[1].to(torch.bool)
+        if self.rows is not None and self.rows.truncate == "error":
+            for k, (uri, number) in enumerate(where):
+                self._check_fits(offsets[k : k + 2], uri, number)
+        return Records(values, offsets.tolist(), mask)
 
     def _open(self, shard_range: ShardRange, indexes: ShardIndexes | None) -> Iterator[Records]:
         """A shard range's decoded batches, each as one run (or, tokenizing, a run per
@@ -276,6 +373,36 @@ class TokenDataset(PositionDataset):
                 f"The token column {self.column!r} of shard {uri} is not a list of int token "
                 f"ids in every record ({error})"
             ) from None
+
+
+def token_list(record: Any, column: str, uri: str, number: int, what: str) -> list[int]:
+    """``record[column]``, a list of ints, else a ValueError naming the shard and record."""
+    values = record.get(column) if isinstance(record, dict) else None
+    if isinstance(values, list | tuple) and all(
+        type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
+        for value in values
+    ):
+        return list(values)
+    return _not_ints(values, column, uri, number, what)
+
+
+def _not_ints(values: object, column: str, uri: str, number: int, what: str) -> list[int]:
+    raise ValueError(
+        f"Record {number} of shard {uri} holds {type(values).__name__} in its {what} "
+        f"{column!r}, not a list of ints"
+    )
+
+
+def flat_lists(lists: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(offsets, int64 values) of int lists."""
+    lengths = [len(values) for values in lists]
+    offsets = torch.zeros(len(lists) + 1, dtype=torch.int64)
+    offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
+    flat = [value for values in lists for value in values]
+    try:
+        return offsets, torch.tensor(flat, dtype=torch.int64)
+    except (OverflowError, RuntimeError):
+        raise ValueError("A token id or loss mask value does not fit int64") from None
 
 
 def _check_read(index: int, part: Sequence[tuple[int, int]], epoch: int) -> None:
