@@ -212,7 +212,7 @@ def test_wrong_filters_are_refused_at_the_call(sets):
     loader = client.split_data_loader(uri, record_ids)
     with pytest.raises(TypeError, match="filter must be a callable.*not int"):
         loader.load("train", filter=5)
-    with pytest.raises(TypeError, match="filter must be picklable"):
+    with pytest.raises(TypeError, match="filter must be picklable.*or give this one a filter_name"):
         loader.load("train", filter=lambda record: True)
     with pytest.raises(TypeError, match="filter_name must be a str of 1 to 64"):
         loader.load("train", filter=keep_high, filter_name="x" * 65)
@@ -330,3 +330,13 @@ def test_unfiltered_loads_keep_their_state_format(sets):
     state = _unfiltered_state(client.split_data_loader(uri, record_ids, {"batch_size": 4}))
     assert set(state) == {"version", "selection", "epoch", "interrupts"}
     assert state["interrupts"] == [[1, 1, 4, 0, 1]]
+
+
+def test_a_named_lambda_runs_in_forked_workers(sets):
+    client, datasets = sets
+    uri, records = datasets["jsonl.gz"]
+    received, state = run(
+        client, uri, 2, 2, 4, None, filter=lambda r: r["score"] >= 5, filter_name="score>=5"
+    )
+    assert Counter(received) == kept(records)
+    assert state["filter"] == "score>=5"

@@ -78,10 +78,11 @@ class RecordFilter:
 
 def record_filter(predicate: object, filter_name: object) -> RecordFilter | None:
     """``filter`` and ``filter_name`` of ``load`` and ``load_tokens``, checked at the call:
-    None without a filter. ``predicate`` must be callable and picklable (the DataLoader's
-    spawned workers get a copy); ``filter_name``, 1 to 64 characters, names it in a loader
-    state (default: the sha256 of its pickle, which for a plain function is its module and
-    name, and for a ``functools.partial`` also its arguments)."""
+    None without a filter. ``predicate`` must be callable; ``filter_name``, 1 to 64 characters,
+    names it in a loader state (default: the sha256 of its pickle, which for a plain function
+    is its module and name, and for a ``functools.partial`` also its arguments). A predicate
+    that does not pickle (a lambda, a local function) needs a ``filter_name``, and runs only
+    where no copy is pickled: in the main process, or in forked workers."""
     if predicate is None:
         if filter_name is not None:
             raise ValueError("filter_name names a filter: pass it with filter=")
@@ -91,15 +92,17 @@ def record_filter(predicate: object, filter_name: object) -> RecordFilter | None
             "filter must be a callable that takes a record and returns whether to keep it, "
             f"not {type(predicate).__name__}"
         )
-    try:
-        pickled = pickle.dumps(predicate, protocol=4)
-    except Exception as error:
-        raise TypeError(
-            f"filter must be picklable (DataLoader workers get a copy): {predicate!r:.80} is "
-            f"not ({type(error).__name__}: {error}); use a module-level function or a "
-            "functools.partial of one, not a lambda or a local function"
-        ) from None
     if filter_name is None:
+        try:
+            pickled = pickle.dumps(predicate, protocol=4)
+        except Exception as error:
+            raise TypeError(
+                f"filter must be picklable to be named by default: {predicate!r:.80} is not "
+                f"({type(error).__name__}: {str(error):.100}). Use a module-level function or a "
+                "functools.partial of one (spawned workers need a picklable filter), or give "
+                "this one a filter_name (it then runs only in the main process or forked "
+                "workers)"
+            ) from None
         return RecordFilter(predicate, f"sha256:{hashlib.sha256(pickled).hexdigest()[:32]}")
     if not isinstance(filter_name, str) or not 0 < len(filter_name) <= MAX_FILTER_NAME:
         raise TypeError(

@@ -394,8 +394,10 @@ class SplitDataLoader:
             process at 0 workers), before batching; it receives the record as the loader would
             pass it to ``collate_fn`` (the shard's dict), or with ``columns`` the dict of those
             columns only, as ``columns=`` reads them (a list-of-ints column as an int64 tensor,
-            the others as Python values, a null leaving its key out). It must be picklable (a
-            module-level function or a ``functools.partial`` of one). Every record it keeps is
+            the others as Python values, a null leaving its key out). Spawned workers need it
+            picklable (a module-level function or a ``functools.partial`` of one); one that
+            is not (a lambda) needs a ``filter_name`` and runs only in the main process or in
+            forked workers. Every record it keeps is
             yielded exactly once per epoch across ranks and workers, in the epoch's order;
             ``collate_fn`` (default: torch's ``default_collate``) runs in the workers on each
             ``batch_size`` kept records. The loader's state counts source records consumed,
