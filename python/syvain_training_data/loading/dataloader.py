@@ -190,7 +190,7 @@ class RecordDataLoader(EpochLoader[plan.Interrupt]):
         version = state.get("version")
         if isinstance(version, bool) or version != STATE_VERSION:
             raise ValueError(f"Unsupported loader state version {checks.describe(version)}")
-        if "filter" in state:  # a filtered loader's: this loader has no filter
+        if state.get("kind") == "filtered" and "filter" in state:  # this loader has no filter
             from syvain_training_data.loading.filters import filter_refusal
 
             theirs = checks.string(state["filter"], "filter")
