@@ -210,7 +210,11 @@ class FilteredDataset(PositionDataset):
         self.epoch, self.token_interrupts = epoch + 1, ()
         batches = self._batches(epoch, interrupts, worker, workers)
         bundles = bundled(batches, worker, 1 if info is None else BUNDLE_BATCHES)
-        return bundles if info is None else sent(bundles, None)
+        if info is None or self.columns is None:
+            # collate_fn's batches travel as the DataLoader sends them: walking batches of any
+            # shape for tensors to wrap costs more than it saves (a dict per record rebuilt).
+            return bundles
+        return sent(bundles, None)  # columns=: a dict of tensors, small ones sent by value
 
     def _batches(
         self,
