@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 
 import torch  # noqa: E402
 
-from loader_data import publish_shards  # noqa: E402
+from loader_data import SHARD_RECORDS, publish_shards  # noqa: E402
 from syvain_training_data import SyvainTrainingData  # noqa: E402
 from syvain_training_data.loading.tokens import merge_token_states  # noqa: E402
 
@@ -340,3 +340,76 @@ def test_a_named_lambda_runs_in_forked_workers(sets):
     )
     assert Counter(received) == kept(records)
     assert state["filter"] == "score>=5"
+
+
+def keep_even_i(record: dict[str, Any]) -> bool:
+    return record["i"] % 2 == 0
+
+
+def staged_keys(batch: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    return [(record["shard"], record["i"]) for record in batch]
+
+
+@pytest.mark.parametrize("schedule", [False, True])
+def test_mixed_stages_filtered_resume_on_another_topology(local_dataset, schedule):
+    # Stages easy (shards 0, 1, 2) and hard (2, 3, 4) mixed until every stage is exhausted, by
+    # weights or by a schedule that turns mid-epoch; stopped on 2 ranks x 2 workers, resumed
+    # on 3 ranks without workers: every kept record of the union once.
+    client, uri = local_dataset
+    mixing: dict[str, Any] = {"mixing_weights": {"easy": 1, "hard": 2}}
+    if schedule:
+        mixing = {"mixing_schedule": [(0, {"easy": 1, "hard": 2}), (12, {"easy": 2, "hard": 1})]}
+    load = {"seed": 4, "mixing_stop": "all_exhausted", "filter": keep_even_i, **mixing}
+
+    def run_ranks(ranks, workers, batch, stop_after, state=None):
+        args = {"batch_size": batch, "num_workers": workers}
+        if workers:
+            args["multiprocessing_context"] = "fork"
+        loader = client.split_data_loader(uri, staged_keys, args)
+        received, states = [], []
+        for rank in range(ranks):
+            dl = loader.load("train", rank=rank, world_size=ranks, **load)
+            if state is not None:
+                dl.load_state_dict(json.loads(json.dumps(state)))
+            batches = iter(dl)
+            for taken, keys in enumerate(batches):
+                received += keys
+                if stop_after is not None and taken + 1 == stop_after:
+                    break
+            states.append(dl.state_dict())
+            del batches
+        return received, merge_token_states(states)
+
+    union = [(s, i) for s in range(5) for i in range(SHARD_RECORDS[s])]
+    expected = Counter(key for key in union if key[1] % 2 == 0)
+    whole, _ = run_ranks(1, 0, 4, None)
+    assert Counter(whole) == expected
+    first, state = run_ranks(2, 2, 2, 2)
+    rest, _ = run_ranks(3, 0, 3, None, state)
+    assert 0 < len(first) < len(whole)
+    assert Counter(first + rest) == expected
+
+
+def test_persistent_workers_run_epoch_after_epoch(sets):
+    client, datasets = sets
+    uri, records = datasets["msgpack.zstf"]
+    args = {"batch_size": 4, "num_workers": 2, "persistent_workers": True}
+    args["multiprocessing_context"] = "fork"
+    dl = client.split_data_loader(uri, record_ids, args).load("train", seed=6, filter=keep_high)
+    epochs = [[i for batch in dl for i in batch] for _ in range(3)]
+    for epoch in epochs:
+        assert Counter(epoch) == kept(records)
+    assert epochs[0] != epochs[1] != epochs[2]
+
+
+def keep_none(record: dict[str, Any]) -> bool:
+    return False
+
+
+def test_an_endless_loader_whose_filter_keeps_nothing_says_so(sets):
+    client, datasets = sets
+    uri, _ = datasets["jsonl.gz"]
+    loader = client.split_data_loader(uri, record_ids, {"batch_size": 4})
+    batches = loader.load("train", infinite_iter=True, filter=keep_none)
+    with pytest.raises(RuntimeError, match="train split produced no batches"):
+        next(batches)
