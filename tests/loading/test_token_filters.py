@@ -33,7 +33,10 @@ def make_dataset(client: SyvainTrainingData, root: str, data_format: str) -> str
         records = []
         for _ in range(size):
             text = " ".join(f"w{n}x{j}" for j in range(1 + n % 5))
-            records.append({"n": n, "tokens": tokens_of(n), "text": text, "score": n * 37 % 10})
+            mask = [j % 2 for j in range(len(tokens_of(n)))]
+            records.append(
+                {"n": n, "tokens": tokens_of(n), "text": text, "score": n * 37 % 10, "mask": mask}
+            )
             n += 1
         shards.append(records)
     return publish_shards(client, f"{root}/{data_format}/data-manifest.json", data_format, shards)
@@ -55,6 +58,10 @@ def keep_high(record: dict[str, Any]) -> bool:
 
 def keep_odd(record: dict[str, Any]) -> bool:
     return record["n"] % 2 == 1
+
+
+def keep_all(record: dict[str, Any]) -> bool:
+    return True
 
 
 def keep_positive(record: dict[str, Any]) -> bool:
@@ -260,3 +267,51 @@ def test_filter_arguments_are_checked_at_the_call(sets):
         loader.load_tokens("train", seq_len=8, filter_name="x")
     with pytest.raises(TypeError, match="no len"):
         len(loader.load_tokens("train", seq_len=8, filter=keep_high))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_documents_and_loss_masks_of_kept_records(sets, workers):
+    # Token n * 100 + j is token j of record n: its position in its document is j and its
+    # loss mask j % 2, wherever a block cuts the record; an eos_id has mask 1.
+    client, uris = sets
+    received, _ = run_ranks(
+        client,
+        uris["parquet"],
+        2,
+        workers,
+        2,
+        8,
+        keep=lambda batch: batch,
+        eos_id=EOS,
+        documents=True,
+        loss_mask_column="mask",
+        filter=keep_high,
+        seed=2,
+    )
+    seen = set()
+    for rank in received:
+        for batch in rank:
+            tokens = batch["tokens"].flatten().tolist()
+            positions = batch["positions"].flatten().tolist()
+            masks = batch["loss_mask"].flatten().tolist()
+            for token, position, mask in zip(tokens, positions, masks, strict=True):
+                if token == EOS:
+                    assert mask
+                    continue
+                assert (position, mask) == (token % 100, bool(token % 100 % 2))
+                seen.add(token // 100)
+    assert seen <= kept_numbers() and len(seen) > len(kept_numbers()) - 2 * 2 * 8
+
+
+def test_a_token_id_beyond_int64_is_named(tmp_path):
+    client = SyvainTrainingData()
+    uri = publish_shards(
+        client,
+        f"file://{tmp_path}/big/data-manifest.json",
+        "msgpack.zstf",
+        [[{"tokens": [1, 2]}, {"tokens": [3, 2**63]}]],
+    )
+    shard_uri = client.load_manifest(uri).splits["train"].shards[0].uri
+    dl = client.split_data_loader(uri, None).load_tokens("train", seq_len=2, filter=keep_all)
+    with pytest.raises(ValueError, match=re.escape(f"Record 1 of shard {shard_uri} holds a value")):
+        list(dl)

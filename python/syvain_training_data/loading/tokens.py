@@ -269,7 +269,7 @@ class TokenDataset(PositionDataset):
                 token_list(record, self.column, uri, number, "token column")
                 for (uri, number), (_, _, record) in zip(where, group, strict=True)
             ]
-            offsets, values = flat_lists(lists)
+            offsets, values = flat_lists(lists, where)
             mask = None
             if self.mask_column is not None:
                 masks = [
@@ -284,7 +284,7 @@ class TokenDataset(PositionDataset):
                             f"{self.mask_column!r} that is not {len(ids)} values of 0 or 1 (one "
                             "per token)"
                         )
-                mask = flat_lists(masks)[1].to(torch.bool)
+                mask = flat_lists(masks, where)[1].to(torch.bool)
         if self.rows is not None and self.rows.truncate == "error":
             for k, (uri, number) in enumerate(where):
                 self._check_fits(offsets[k : k + 2], uri, number)
@@ -393,16 +393,24 @@ def _not_ints(values: object, column: str, uri: str, number: int, what: str) -> 
     )
 
 
-def flat_lists(lists: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(offsets, int64 values) of int lists."""
+def flat_lists(
+    lists: list[list[int]], where: Sequence[tuple[str, int]]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(offsets, int64 values) of int lists, the records ``where`` names (shard URI, record
+    number): a value beyond int64 is a ValueError naming its record."""
     lengths = [len(values) for values in lists]
     offsets = torch.zeros(len(lists) + 1, dtype=torch.int64)
     offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
     flat = [value for values in lists for value in values]
     try:
         return offsets, torch.tensor(flat, dtype=torch.int64)
-    except (OverflowError, RuntimeError):
-        raise ValueError("A token id or loss mask value does not fit int64") from None
+    except (OverflowError, RuntimeError, ValueError):  # torch's words for it vary
+        for values, (uri, number) in zip(lists, where, strict=True):
+            if any(not -(2**63) <= value < 2**63 for value in values):
+                raise ValueError(
+                    f"Record {number} of shard {uri} holds a value that does not fit int64"
+                ) from None
+        raise
 
 
 def _check_read(index: int, part: Sequence[tuple[int, int]], epoch: int) -> None:
