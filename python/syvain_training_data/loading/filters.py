@@ -29,7 +29,12 @@ from syvain_training_data.loading import state as checks
 from syvain_training_data.loading.bundles import BUNDLE_BATCHES, Bundle, bundled
 from syvain_training_data.loading.dataloader import STATE_VERSION
 from syvain_training_data.loading.dataset import ShardDataset
-from syvain_training_data.loading.positions import PositionDataset, PositionLoader, sent
+from syvain_training_data.loading.positions import (
+    PositionDataset,
+    PositionLoader,
+    check_read,
+    sent,
+)
 from syvain_training_data.loading.reader import ShardRange, consumer_records
 from syvain_training_data.loading.shard_indexes import ShardIndexes
 from syvain_training_data.loading.stats import PUBLISH_MASK
@@ -263,12 +268,7 @@ class FilteredDataset(PositionDataset):
                         batch = []
                 if not index & PUBLISH_MASK:
                     counters.yielded(index)
-            expected = sum(stop - start for start, stop in part)
-            if index != expected:
-                raise ValueError(
-                    f"Read {index} records of epoch {epoch} where the plan has {expected}: "
-                    "the data changed since the manifest was written"
-                )
+            check_read(index, part, epoch)
             if batch and not self.drop_last:
                 yield collate(batch), worker, index, 0
         finally:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 from syvain_training_data.loading import plan, token_plan, token_state
@@ -29,7 +29,7 @@ from syvain_training_data.loading.dataloader import STATE_VERSION, EpochLoader
 from syvain_training_data.loading.dataset import ShardDataset
 from syvain_training_data.loading.transfer import BatchRing, for_transfer
 
-__all__ = ["PositionDataset", "PositionLoader", "sent"]
+__all__ = ["PositionDataset", "PositionLoader", "check_read", "sent"]
 
 
 class PositionDataset(ShardDataset):
@@ -266,6 +266,16 @@ class PositionLoader(EpochLoader[token_plan.TokenInterrupt]):
         self._next_epoch, self._resume = epoch, interrupts
         self._pass = None
         self._iterator = None
+
+
+def check_read(index: int, part: Sequence[tuple[int, int]], epoch: int) -> None:
+    """ValueError when a consumer read ``index`` records of a part planned otherwise."""
+    expected = sum(stop - start for start, stop in part)
+    if index != expected:
+        raise ValueError(
+            f"Read {index} records of epoch {epoch} where the plan has {expected}: "
+            "the data changed since the manifest was written"
+        )
 
 
 def sent(bundles: Iterator[Bundle], ring: BatchRing | None) -> Iterator[Bundle]:

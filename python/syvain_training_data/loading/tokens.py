@@ -45,7 +45,12 @@ from syvain_training_data.loading.packing import (
     TokenPacker,
     loss_mask,
 )
-from syvain_training_data.loading.positions import PositionDataset, PositionLoader, sent
+from syvain_training_data.loading.positions import (
+    PositionDataset,
+    PositionLoader,
+    check_read,
+    sent,
+)
 from syvain_training_data.loading.reader import ShardRange, consumer_records
 from syvain_training_data.loading.shard_indexes import ShardIndexes
 from syvain_training_data.loading.stats import PUBLISH_MASK
@@ -220,7 +225,7 @@ class TokenDataset(PositionDataset):
                 if (index ^ (index + count)) & ~PUBLISH_MASK:
                     counters.yielded(index + count)
                 index += count
-            _check_read(index, part, epoch)
+            check_read(index, part, epoch)
             for batch, whole, offset in packer.finish(self.drop_last):
                 yield batch, worker, whole, offset
         finally:
@@ -411,15 +416,6 @@ def flat_lists(
                     f"Record {number} of shard {uri} holds a value that does not fit int64"
                 ) from None
         raise
-
-
-def _check_read(index: int, part: Sequence[tuple[int, int]], epoch: int) -> None:
-    expected = sum(stop - start for start, stop in part)
-    if index != expected:
-        raise ValueError(
-            f"Read {index} records of epoch {epoch} where the plan has {expected}: "
-            "the data changed since the manifest was written"
-        )
 
 
 class TokenDataLoader(PositionLoader):
