@@ -16,7 +16,8 @@ Reading and loading:
 - :mod:`.dataset` and :mod:`.dataloader`: the torch IterableDataset and DataLoader of ``load``;
   :mod:`.columns` (``columns=``), :mod:`.tokens` and :mod:`.packing` (``load_tokens``),
   :mod:`.list_columns` (list-of-ints columns as tensors, for both), :mod:`.documents`
-  (``cu_seqlens``);
+  (``cu_seqlens``); :mod:`.positions`: loaders whose batches carry their workers' positions
+  (``load_tokens``, and ``load(filter=)`` of :mod:`.filters`), and their states;
 - :mod:`.split_loader`: ``SplitDataLoader``, which builds them from a manifest, its arguments
   checked by :mod:`.arguments`;
 - :mod:`.transfer` and :mod:`.bundles`: how worker batches reach the training process;

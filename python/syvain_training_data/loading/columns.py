@@ -33,6 +33,7 @@ __all__ = [
     "ColumnDataLoader",
     "ColumnDataset",
     "TensorCollate",
+    "batch_records",
     "lengths_key",
     "python_columns",
 ]
@@ -79,7 +80,7 @@ class ColumnDataset(ShardDataset):
         shard = self.table.shard(table_index)
         batches = self.column_batches(shard, start, stop, indexes, self.columns)
         for batch in batches:
-            yield from _batch_records(batch, self.columns)
+            yield from batch_records(batch, self.columns)
 
 
 class ColumnDataLoader(RecordDataLoader):
@@ -121,7 +122,10 @@ def _tensor_bytes(batch: Mapping[str, Any]) -> int:
     return sum(v.nbytes for v in batch.values() if isinstance(v, torch.Tensor))
 
 
-def _batch_records(batch: Any, columns: Sequence[str]) -> Iterator[dict[str, Any]]:
+def batch_records(batch: Any, columns: Sequence[str]) -> Iterator[dict[str, Any]]:
+    """The records of a decoded batch as dicts of ``columns``: a list-of-ints column as an
+    int64 tensor (a slice of the batch's values), the others as Python values; a null (a
+    record without the key) leaves the key out."""
     by_column: dict[str, list[Any]] = {}
     others = []
     for column in columns:

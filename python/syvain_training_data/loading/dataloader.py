@@ -190,6 +190,11 @@ class RecordDataLoader(EpochLoader[plan.Interrupt]):
         version = state.get("version")
         if isinstance(version, bool) or version != STATE_VERSION:
             raise ValueError(f"Unsupported loader state version {checks.describe(version)}")
+        if state.get("kind") == "filtered" and "filter" in state:  # this loader has no filter
+            from syvain_training_data.loading.filters import filter_refusal
+
+            theirs = checks.string(state["filter"], "filter")
+            raise ValueError(filter_refusal(theirs, None))
         if "kind" in state:
             kind = state["kind"]
             if isinstance(kind, str) and kind.isidentifier() and len(kind) <= checks.MAX_STRING:

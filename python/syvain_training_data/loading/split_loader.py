@@ -322,6 +322,8 @@ class SplitDataLoader:
         log_stats_every: float | None = None,
         indexes: bool | None = None,
         index_root: str | None = None,
+        filter: Callable[[Any], Any] | None = None,
+        filter_name: str | None = None,
     ) -> Any:
         """A DataLoader over ``split`` (or one stage, or a union of stages kept in stage order
         without repeated shard URIs); with ``infinite_iter``, an endless iterator of batches.
@@ -387,6 +389,32 @@ class SplitDataLoader:
           stateful: kept for compatibility; every loader this returns has ``state_dict()`` /
             ``load_state_dict()`` (torchdata's protocol), resuming exactly on any number of
             ranks, workers and any batch size.
+          filter, filter_name: keep only the records ``filter(record)`` is true for. The
+            predicate runs where records are read (in the DataLoader workers, or the main
+            process at 0 workers), before batching; it receives the record as the loader would
+            pass it to ``collate_fn`` (the shard's dict), or with ``columns`` the dict of those
+            columns only, as ``columns=`` reads them (a list-of-ints column as an int64 tensor,
+            the others as Python values, a null leaving its key out). Spawned workers need it
+            picklable (a module-level function or a ``functools.partial`` of one); one that
+            is not (a lambda) needs a ``filter_name`` and runs only in the main process or in
+            forked workers. Every record it keeps is
+            yielded exactly once per epoch across ranks and workers, in the epoch's order;
+            ``collate_fn`` (default: torch's ``default_collate``) runs in the workers on each
+            ``batch_size`` kept records. The loader's state counts source records consumed,
+            not records yielded: each batch carries its worker's position, and the state holds
+            them (the state model of ``load_tokens``: call ``state_dict()`` on every rank of a
+            torch.distributed group, or merge the ranks' states with
+            :func:`~syvain_training_data.loading.tokens.merge_token_states`), so it resumes
+            exactly on any number of ranks, workers and any batch size. The state names the
+            filter (``filter_name``, 1 to 64 characters, or by default ``sha256:`` and a
+            digest of the pickled predicate: for a plain function its module and name, for a
+            ``functools.partial`` also its arguments; change ``filter_name`` when you change
+            what a function keeps), and resuming with another filter, or with none, is a
+            ValueError naming both. ``len()`` of a filtered loader is a TypeError (how many
+            records pass is known only once the epoch is read), and ``equal_batches=True``
+            with a filter is a ValueError: ranks keep different numbers of records, so equal
+            batch counts would need them to talk while reading. A predicate that raises fails
+            the pass with a RuntimeError naming the shard and the record.
 
         Raises:
             ValueError: unknown split ("Unknown split 'x'; available splits: a, b") or stage
@@ -395,10 +423,22 @@ class SplitDataLoader:
                 than the manifest without ``allow_mixed_schemes``.
             RuntimeError: with ``infinite_iter``, "{split} split produced no batches" when an
                 epoch yields none.
+            TypeError: ``filter`` not callable or not picklable, ``filter_name`` not a str of
+                1 to 64 characters.
         """
+        from syvain_training_data.loading.filters import record_filter
+
         boolean(stateful, "stateful")  # kept for compatibility: every loader is stateful
         boolean(truncate, "truncate")
         number(pad_value, "pad_value")
+        keep = record_filter(filter, filter_name)
+        if keep is not None and equal_batches:
+            raise ValueError(
+                "equal_batches=True and filter= do not go together: with a filter each rank "
+                "keeps a different number of records, so equal batch counts are unknown until "
+                "the epoch is read (drop equal_batches, or stop every rank at the fewest "
+                "batches yourself)"
+            )
         options = arguments.LoadOptions(
             split=split,
             curriculum_stage=curriculum_stage,
@@ -419,10 +459,14 @@ class SplitDataLoader:
         planned, args = self._plan(options)
         if columns is None and (max_length is not None or truncate):
             raise ValueError("max_length and truncate apply to load(columns=...) only")
+        collate: TensorCollate | None = None
         if columns is not None:
             if self.collate_fn is not None:
                 raise ValueError("Pass collate_fn=None to split_data_loader to load columns")
             collate = TensorCollate(columns, pad_value, max_length=max_length, truncate=truncate)
+        if keep is not None:
+            return _delivered(self._filtered(planned, args, keep, collate, options), options)
+        if collate is not None:
             # The workers batch and bundle the records themselves (batch_size None: one each).
             batch_size, drop_last = arguments.batch_args(args)
             columns_dataset = ColumnDataset(
@@ -441,6 +485,30 @@ class SplitDataLoader:
                 dataset, collate_fn=self.collate_fn, log_stats_every=options.log_stats_every, **args
             )
         return _delivered(loader, options)
+
+    def _filtered(
+        self,
+        planned: DatasetPlan,
+        args: dict[str, Any],
+        keep: Any,
+        collate: TensorCollate | None,
+        options: arguments.LoadOptions,
+    ) -> Any:
+        """The DataLoader of a filtered ``load``: its workers filter, batch and collate."""
+        from syvain_training_data.loading.filters import FilteredDataLoader, FilteredDataset
+
+        batched = args.get("batch_size", 1) is not None
+        batch_size, drop_last = arguments.batch_args(args)
+        dataset = FilteredDataset(
+            planned,
+            batch_size=batch_size,
+            drop_last=drop_last and batched,
+            keep=keep,
+            collate=collate if collate is not None else self.collate_fn,
+            columns=None if collate is None else collate.columns,
+            batched=batched or collate is not None,
+        )
+        return FilteredDataLoader(dataset, log_stats_every=options.log_stats_every, **args)
 
     def load_tokens(
         self,
@@ -471,6 +539,8 @@ class SplitDataLoader:
         text_column: str | None = None,
         tokenizer: object = None,
         tokenizer_name: str | None = None,
+        filter: Callable[[Any], Any] | None = None,
+        filter_name: str | None = None,
     ) -> Any:
         """Packed token blocks: a DataLoader of int64 tensors of shape (batch_size, seq_len)
         (with ``infinite_iter``, an endless iterator of them). ``collate_fn`` is not used.
@@ -518,6 +588,16 @@ class SplitDataLoader:
         ``tokenizers.Tokenizer``'s ``to_str()``, or ``tokenizer_name``), so resuming with
         another one is a ValueError naming both.
 
+        Filters: ``filter=pred`` packs only the records ``pred(record)`` is true for, as
+        :meth:`load`'s ``filter`` (same checks, ``filter_name`` and refusal of a state made
+        with another filter). The predicate receives the whole record as :meth:`load` yields
+        it (the shard's dict, every column), in the workers, before tokenizing and packing; a
+        filtered token loader therefore reads every column and makes a Python dict per record
+        (without a filter only the token or text column is read, as Arrow arrays). A record it
+        drops adds nothing to the stream, not even ``eos_id``. The state counts source
+        records consumed and the token offset in the next kept one, so it resumes exactly on
+        any topology; ``len()`` stays a TypeError, as for every ``load_tokens`` loader.
+
         Batches are dicts instead of tensors when any of these is given (every one keeps the
         columnar path, the batch ring and exact resume):
 
@@ -547,15 +627,18 @@ class SplitDataLoader:
                 answer that is not one list of ints per text, a token id beyond int64 (when
                 read, naming the shard and record).
             TypeError: ``tokenizer`` neither a ``tokenizers.Tokenizer`` nor callable,
-                ``text_column`` or ``tokenizer_name`` not a str.
+                ``text_column`` or ``tokenizer_name`` not a str; ``filter`` not callable or not
+                picklable, ``filter_name`` not a str of 1 to 64 characters.
         """
         boolean(stateful, "stateful")  # kept for compatibility: every loader is stateful
         boolean(documents, "documents")
         boolean(pack, "pack")
+        from syvain_training_data.loading.filters import record_filter
         from syvain_training_data.loading.text_tokens import text_tokenizer
         from syvain_training_data.loading.tokens import TokenDataLoader, TokenDataset
 
         text = text_tokenizer(text_column, tokenizer, tokenizer_name, column)
+        keep = record_filter(filter, filter_name)
         column = "tokens" if column is None else column
         if text is not None and loss_mask_column is not None:
             raise ValueError(
@@ -604,6 +687,7 @@ class SplitDataLoader:
             mask_column=loss_mask_column,
             rows=rows,
             text=text,
+            keep=keep,
         )
         loader = TokenDataLoader(dataset, log_stats_every=options.log_stats_every, **args)
         return _delivered(loader, options)

@@ -77,6 +77,21 @@ class TextTokenizer:
             chunk = texts[low : low + TOKENIZE_RECORDS]
             yield self._flat(chunk, self.encode(chunk), uri, first + low)
 
+    def tokens_of(
+        self, texts: list[str], where: Sequence[tuple[str, int]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(offsets, int64 values) of the tokens of ``texts``, records that need not follow
+        one another in one shard (a filtered token loader's): ``where`` holds each one's
+        (shard URI, record number). An error names the record it is about: on a wrong answer
+        for the texts together, each is tokenized alone to find it."""
+        uri, first = where[0]
+        try:
+            return self._flat(texts, self.encode(texts), uri, first)
+        except ValueError as error:
+            for text, (uri, number) in zip(texts, where, strict=True):
+                self._flat([text], self.encode([text]), uri, number)
+            raise error
+
     def _flat(
         self, texts: list[str], lists: Any, uri: str, first: int
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,14 +9,13 @@ tokens per consumer are left out of an epoch.
 Blocks cut records, so what a consumer consumed does not follow from batch counts: every batch
 travels with its worker's position after it (records of the part wholly consumed, tokens of
 the next), the loader keeps the position of the last batch the training loop received from
-each worker, and ``state_dict`` holds those positions (never tokens).
+each worker, and ``state_dict`` holds those positions (never tokens): the state model of
+:mod:`~syvain_training_data.loading.positions`, which filtered record loaders share.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -24,19 +23,17 @@ import torch
 from torch.utils.data import get_worker_info
 
 from syvain_training_data.errors import ShardDataError
-from syvain_training_data.loading import plan, token_plan, token_state
+from syvain_training_data.loading import plan, token_plan
 from syvain_training_data.loading import schedule as schedules
 from syvain_training_data.loading import state as checks
-from syvain_training_data.loading.bundles import (
-    BUNDLE_BATCHES,
-    BUNDLE_BYTES,
-    Bundle,
-    as_is,
-    bundled,
-    in_turn,
+from syvain_training_data.loading.bundles import BUNDLE_BATCHES, BUNDLE_BYTES, Bundle, bundled
+from syvain_training_data.loading.dataloader import STATE_VERSION
+from syvain_training_data.loading.filters import (
+    RecordFilter,
+    Tagged,
+    check_filter_names,
+    tagged_records,
 )
-from syvain_training_data.loading.dataloader import STATE_VERSION, EpochLoader
-from syvain_training_data.loading.dataset import ShardDataset
 from syvain_training_data.loading.list_columns import int_lists
 from syvain_training_data.loading.packing import (
     BlockPacking,
@@ -48,16 +45,23 @@ from syvain_training_data.loading.packing import (
     TokenPacker,
     loss_mask,
 )
+from syvain_training_data.loading.positions import (
+    PositionDataset,
+    PositionLoader,
+    check_read,
+    sent,
+)
 from syvain_training_data.loading.reader import ShardRange, consumer_records
 from syvain_training_data.loading.shard_indexes import ShardIndexes
 from syvain_training_data.loading.stats import PUBLISH_MASK
 from syvain_training_data.loading.text_tokens import (
+    TOKENIZE_RECORDS,
     TextTokenizer,
     text_problem,
     tokenizer_refusal,
 )
 from syvain_training_data.loading.token_state import merge_token_states
-from syvain_training_data.loading.transfer import BatchRing, for_transfer
+from syvain_training_data.loading.transfer import BatchRing
 from syvain_training_data.shard import iter_shard
 
 __all__ = ["TokenDataLoader", "TokenDataset", "merge_token_states"]
@@ -67,9 +71,12 @@ STATE_KIND = "tokens"
 _Tagged = tuple[torch.Tensor, int, int, int]
 
 
-class TokenDataset(ShardDataset):
-    """A :class:`ShardDataset` whose consumers yield packed token batches, each tagged with the
-    worker and its position after it (the loader strips the tags)."""
+class TokenDataset(PositionDataset):
+    """A :class:`PositionDataset` whose consumers yield packed token batches, each tagged with
+    the worker and its position after it (the loader strips the tags)."""
+
+    state_kind = STATE_KIND
+    state_fields = "selection, seed, shuffle, mixing, token column or eos_id"
 
     def __init__(
         self,
@@ -81,10 +88,13 @@ class TokenDataset(ShardDataset):
         mask_column: str | None = None,
         rows: RowOptions | None = None,
         text: TextTokenizer | None = None,
+        keep: RecordFilter | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.column = column
+        # Packs only the records it keeps (load_tokens(filter=)), read whole.
+        self.keep = keep
         # Tokenizes a text column instead of reading ``column`` (load_tokens(text_column=)).
         self.text = text
         self.seq_len = seq_len
@@ -92,21 +102,6 @@ class TokenDataset(ShardDataset):
         self.mask_column = mask_column
         self.rows = rows
         self.channels = TokenChannels(documents, mask_column is not None, rows is not None)
-        self.token_interrupts: tuple[token_plan.TokenInterrupt, ...] = ()
-        # Set by the loader before it forks workers: how their batches reach it, and how many
-        # travel as one DataLoader item.
-        self.ring: BatchRing | None = None
-        self.bundle = 1
-
-    # The segments a resumed epoch of a mixing schedule is laid out with (its state's; None:
-    # the epoch's own), set by the loader with ``token_interrupts``.
-    token_segments: tuple[int, ...] | None = None
-
-    def state_dict(self) -> dict[str, Any]:
-        raise TypeError("A token dataset resumes through its loader's state_dict()")
-
-    def load_state_dict(self, state: Any) -> None:
-        raise TypeError("A token dataset resumes through its loader's load_state_dict()")
 
     def fingerprint(
         self, read_plan: plan.ReadPlan | None = None, earlier_release: bool = False
@@ -117,9 +112,28 @@ class TokenDataset(ShardDataset):
         selection = (read_plan or self.read_plan).fingerprint(earlier_release)
         source = self.column if self.text is None else f"text:{self.text.column}:{self.text.name}"
         text = f"{selection}:{STATE_KIND}:{source}:{self.eos_id}"
+        if self.keep is not None:
+            text += f":filter:{self.keep.name}"
         if self.rows is not None:  # a row per record: no state of packed blocks applies
             text += f":rows:{self.rows.truncate}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def names(self) -> dict[str, str]:
+        names = {} if self.text is None else {"tokenizer": self.text.name}
+        if self.keep is not None:
+            names["filter"] = self.keep.name
+        return names
+
+    def check_names(self, state: dict[str, Any]) -> None:
+        """ValueError naming both when ``state`` was made with another tokenizer than this
+        loader's, or with one where this loader reads a token column (or the reverse)."""
+        theirs = state.get("tokenizer")
+        if theirs is not None:
+            theirs = checks.string(theirs, "tokenizer")
+        text = self.text
+        if theirs != (None if text is None else text.name):
+            raise ValueError(tokenizer_refusal(theirs, text))
+        check_filter_names(state, self.keep)
 
     def __iter__(self) -> Iterator[Bundle]:
         info = get_worker_info()
@@ -129,7 +143,7 @@ class TokenDataset(ShardDataset):
         self.epoch, self.token_interrupts = epoch + 1, ()
         batches = self._batches(epoch, interrupts, worker, workers)
         bundles = bundled(batches, worker, self.bundle)
-        return bundles if info is None else _sent(bundles, self.ring)
+        return bundles if info is None else sent(bundles, self.ring)
 
     def _batches(
         self,
@@ -151,13 +165,24 @@ class TokenDataset(ShardDataset):
         in_runs = mixed is None and self.read_plan.seed is None
         open_range = self._open if in_runs else self._open_records
         indexes = self.new_indexes()
-        runs = consumer_records(
-            orders,
-            self.stream_shards,
-            mixed,
-            part,
-            lambda r: counters.watch(open_range(r, indexes)),
-        )
+        runs: Iterator[Records | int]
+        if self.keep is not None:  # whole records, filtered, then packed in runs
+            records = consumer_records(
+                orders,
+                self.stream_shards,
+                mixed,
+                part,
+                lambda r: counters.watch(tagged_records(self, r, indexes)),
+            )
+            runs = self._kept_runs(records, self.keep)
+        else:
+            runs = consumer_records(
+                orders,
+                self.stream_shards,
+                mixed,
+                part,
+                lambda r: counters.watch(open_range(r, indexes)),
+            )
         cut_at = token_plan.cuts_by_index(part, cuts)
         packer: RowPacker | BlockPacking
         if self.rows is not None:
@@ -178,7 +203,7 @@ class TokenDataset(ShardDataset):
 
     def _packed(
         self,
-        runs: Iterator[Records],
+        runs: Iterator[Records | int],
         packer: RowPacker | BlockPacking,
         epoch: int,
         part: Sequence[tuple[int, int]],
@@ -188,17 +213,87 @@ class TokenDataset(ShardDataset):
         index = 0
         try:
             for records in runs:
+                if isinstance(records, int):  # records the filter dropped: consumed, not packed
+                    count = records
+                    if (index ^ (index + count)) & ~PUBLISH_MASK:
+                        counters.yielded(index + count)
+                    index += count
+                    continue
                 count = len(records.bounds) - 1
                 for batch, whole, offset in packer.pack(index, records):
                     yield batch, worker, whole, offset
                 if (index ^ (index + count)) & ~PUBLISH_MASK:
                     counters.yielded(index + count)
                 index += count
-            _check_read(index, part, epoch)
+            check_read(index, part, epoch)
             for batch, whole, offset in packer.finish(self.drop_last):
                 yield batch, worker, whole, offset
         finally:
             counters.yielded(index)  # records read (a cut one counts once)
+
+    def _kept_runs(self, records: Iterator[Tagged], keep: RecordFilter) -> Iterator[Records | int]:
+        """The consumer's records as runs of consecutive records ``keep`` keeps (at most
+        ``TOKENIZE_RECORDS`` each), between counts of consecutive records it drops."""
+        uris = self.table.uris
+        group: list[Tagged] = []
+        dropped = 0
+        for shard, number, record in records:
+            if keep.keeps(record, uris[shard], number):
+                if dropped:
+                    yield dropped
+                    dropped = 0
+                group.append((shard, number, record))
+                if len(group) == TOKENIZE_RECORDS:
+                    yield self._run(group)
+                    group = []
+            else:
+                if group:
+                    yield self._run(group)
+                    group = []
+                dropped += 1
+        if group:
+            yield self._run(group)
+        if dropped:
+            yield dropped
+
+    def _run(self, group: list[Tagged]) -> Records:
+        """Consecutive kept records (Python dicts) as one run: their token column, or their
+        text tokenized, and their loss mask; errors name each record's shard and number."""
+        where = [(self.table.uris[shard], number) for shard, number, _ in group]
+        if self.text is not None:
+            texts = []
+            for (uri, number), (_, _, record) in zip(where, group, strict=True):
+                problem = text_problem([record], self.text.column, uri, number)
+                if problem is not None:
+                    raise problem
+                texts.append(record[self.text.column])
+            offsets, values = self.text.tokens_of(texts, where)
+            mask = None
+        else:
+            lists = [
+                token_list(record, self.column, uri, number, "token column")
+                for (uri, number), (_, _, record) in zip(where, group, strict=True)
+            ]
+            offsets, values = flat_lists(lists, where)
+            mask = None
+            if self.mask_column is not None:
+                masks = [
+                    token_list(record, self.mask_column, uri, number, "loss mask column")
+                    for (uri, number), (_, _, record) in zip(where, group, strict=True)
+                ]
+                for k, (ids, flags) in enumerate(zip(lists, masks, strict=True)):
+                    uri, number = where[k]
+                    if len(flags) != len(ids) or not set(flags) <= {0, 1}:
+                        raise ValueError(
+                            f"Record {number} of shard {uri} has a loss mask in "
+                            f"{self.mask_column!r} that is not {len(ids)} values of 0 or 1 (one "
+                            "per token)"
+                        )
+                mask = flat_lists(masks, where)[1].to(torch.bool)
+        if self.rows is not None and self.rows.truncate == "error":
+            for k, (uri, number) in enumerate(where):
+                self._check_fits(offsets[k : k + 2], uri, number)
+        return Records(values, offsets.tolist(), mask)
 
     def _open(self, shard_range: ShardRange, indexes: ShardIndexes | None) -> Iterator[Records]:
         """A shard range's decoded batches, each as one run (or, tokenizing, a run per
@@ -285,23 +380,45 @@ class TokenDataset(ShardDataset):
             ) from None
 
 
-def _check_read(index: int, part: Sequence[tuple[int, int]], epoch: int) -> None:
-    expected = sum(stop - start for start, stop in part)
-    if index != expected:
-        raise ValueError(
-            f"Read {index} records of epoch {epoch} where the plan has {expected}: "
-            "the data changed since the manifest was written"
-        )
+def token_list(record: Any, column: str, uri: str, number: int, what: str) -> list[int]:
+    """``record[column]``, a list of ints, else a ValueError naming the shard and record."""
+    values = record.get(column) if isinstance(record, dict) else None
+    if isinstance(values, list | tuple) and all(
+        type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
+        for value in values
+    ):
+        return list(values)
+    return _not_ints(values, column, uri, number, what)
 
 
-def _sent(bundles: Iterator[Bundle], ring: BatchRing | None) -> Iterator[Bundle]:
-    """In a worker: each bundle's batches ready to leave it (through ``ring`` when they fit)."""
-    for worker, last, batches in bundles:
-        sent = [(for_transfer(b, ring), *tags) for b, *tags in batches]
-        yield worker, last, sent
+def _not_ints(values: object, column: str, uri: str, number: int, what: str) -> list[int]:
+    raise ValueError(
+        f"Record {number} of shard {uri} holds {type(values).__name__} in its {what} "
+        f"{column!r}, not a list of ints"
+    )
 
 
-class TokenDataLoader(EpochLoader[token_plan.TokenInterrupt]):
+def flat_lists(
+    lists: list[list[int]], where: Sequence[tuple[str, int]]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(offsets, int64 values) of int lists, the records ``where`` names (shard URI, record
+    number): a value beyond int64 is a ValueError naming its record."""
+    lengths = [len(values) for values in lists]
+    offsets = torch.zeros(len(lists) + 1, dtype=torch.int64)
+    offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
+    flat = [value for values in lists for value in values]
+    try:
+        return offsets, torch.tensor(flat, dtype=torch.int64)
+    except (OverflowError, RuntimeError, ValueError):  # torch's words for it vary
+        for values, (uri, number) in zip(lists, where, strict=True):
+            if any(not -(2**63) <= value < 2**63 for value in values):
+                raise ValueError(
+                    f"Record {number} of shard {uri} holds a value that does not fit int64"
+                ) from None
+        raise
+
+
+class TokenDataLoader(PositionLoader):
     """The DataLoader ``load_tokens`` returns: int64 tensors of shape (batch, seq_len). Each
     pass is the next epoch; ``state_dict`` / ``load_state_dict`` resume exactly on any number of
     ranks, workers and any batch size (see :func:`merge_token_states` for ranks that are not one
@@ -309,216 +426,19 @@ class TokenDataLoader(EpochLoader[token_plan.TokenInterrupt]):
 
     dataset: TokenDataset
 
-    def __init__(
-        self, dataset: TokenDataset, *, log_stats_every: float | None = None, **kwargs: Any
-    ) -> None:
-        super().__init__(
-            dataset,
-            log_stats_every=log_stats_every,
-            batch_size=None,
-            collate_fn=as_is,
-            **kwargs,
-        )
-        # With a mixing schedule: the segments of the resumed epoch (a loaded state's).
-        self._segments: tuple[int, ...] | None = None
+    def _new_ring(self) -> None:
+        # A slot holds a batch's largest tensor (its tokens); the others take a slot each.
+        tensor_bytes = self.dataset.batch_size * self.dataset.seq_len * torch.int64.itemsize
+        tensors = self.dataset.channels.tensors
+        batch_bytes = tensor_bytes * tensors
+        self.dataset.bundle = max(1, min(BUNDLE_BATCHES, BUNDLE_BYTES // batch_bytes))
+        in_flight = self._batches_in_flight(self.dataset.bundle) * tensors
+        self.dataset.ring = BatchRing.for_batches(self.num_workers, in_flight, tensor_bytes)
 
-    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        started = time.perf_counter()
-        epoch, interrupts = self._begin_pass()
-        self.dataset.token_interrupts = interrupts
-        segments = self._segments if interrupts else None
-        self.dataset.token_segments, self._segments = segments, None
-        if self._starts_workers():  # a ring of their own
-            # A slot holds a batch's largest tensor (its tokens); the others take a slot each.
-            tensor_bytes = self.dataset.batch_size * self.dataset.seq_len * torch.int64.itemsize
-            tensors = self.dataset.channels.tensors
-            batch_bytes = tensor_bytes * tensors
-            self.dataset.bundle = max(1, min(BUNDLE_BATCHES, BUNDLE_BYTES // batch_bytes))
-            in_flight = self._batches_in_flight(self.dataset.bundle) * tensors
-            self.dataset.ring = BatchRing.for_batches(self.num_workers, in_flight, tensor_bytes)
-        workers = self._topology.workers
-        progress: dict[str, Any] = {
-            "epoch": epoch,
-            "interrupts": interrupts,
-            "positions": [(0, 0)] * workers,
-            "turn": 0,
-            "finished": False,
-            "segments": schedules.epoch_layout(self.dataset.read_plan, epoch, segments),
-        }
-        self._pass = progress
-        batches = _tracked(self._worker_batches(), progress, workers, self.dataset.ring)
-        return self._passing(self._stats.timed(batches, started))
-
-    def _rank_entry(
-        self, progress: dict[str, Any], earlier: token_plan.TokenInterrupt | None
-    ) -> list[int]:
-        """This rank's [rank, turn, finished, records, offset, ...] in this pass; merged with
-        its entry in ``earlier``, the run this pass resumed on the same topology, when given
-        (the two runs are then one: see ``token_plan.token_rank_then``)."""
-        positions, turn = progress["positions"], progress["turn"]
-        if earlier is not None:
-            rank = self.dataset.rank
-            positions, turn = token_plan.token_rank_then(
-                earlier.positions[rank], earlier.turns[rank], positions, turn
-            )
-        return token_plan.rank_json(self.dataset.rank, positions, turn, progress["finished"])
-
-    def state_dict(self) -> dict[str, Any]:
-        """Plain JSON data: the epoch and, for each interrupted run of it, its topology and per
-        rank each worker's position. Consecutive runs on one topology are one entry, so a run
-        resumed on its own topology any number of times can always save its state
-        (RuntimeError only when one epoch ran on more than ``state.MAX_RUNS`` topologies in
-        turn). With an initialised torch.distributed group of the loader's world size, every
-        rank must call it (it gathers the ranks' positions); otherwise it holds this rank's, for
-        :func:`merge_token_states`."""
-        progress = self._pass
-        topology = self._topology
-        read_plan = self.dataset.read_plan
-        state: dict[str, Any] = {
-            "version": STATE_VERSION,
-            "kind": STATE_KIND,
-            "selection": self.dataset.fingerprint(),
-        }
-        if self.dataset.text is not None:  # named, so that another tokenizer refuses it
-            state["tokenizer"] = self.dataset.text.name
-        if progress is None:
-            interrupts = [i.to_json() for i in self._resume]
-            segments = self._segments if self._resume else None
-            scheduled = schedules.state_fields(read_plan, self._next_epoch, segments)
-            return {**state, **scheduled, "epoch": self._next_epoch, "interrupts": interrupts}
-        if progress["finished"] and topology.world_size == 1:
-            scheduled = schedules.state_fields(read_plan, progress["epoch"] + 1, None)
-            return {**state, **scheduled, "epoch": progress["epoch"] + 1, "interrupts": []}
-        before: tuple[token_plan.TokenInterrupt, ...] = progress["interrupts"]
-        earlier = None
-        if before and before[-1].topology == topology:  # this pass resumed that run
-            before, earlier = before[:-1], before[-1]
-        problem = plan.beyond_bounds([*(i.topology for i in before), topology])
-        if problem is not None:
-            raise RuntimeError(
-                f"This epoch's loader state {problem}; finish the epoch before saving another state"
-            )
-        entries = token_state.gather_entries(
-            self._rank_entry(progress, earlier), topology.world_size
-        )
-        interrupts = [i.to_json() for i in before]
-        return {
-            **state,
-            **schedules.state_fields(
-                self.dataset.read_plan, progress["epoch"], progress["segments"]
-            ),
-            "epoch": progress["epoch"],
-            "interrupts": [*interrupts, [*topology.to_json(), entries]],
-        }
-
-    def _resumed_schedule(
-        self, state: dict[str, Any], epoch: int, records: int, by_weights: bool
-    ) -> tuple[schedules.Schedule, tuple[int, ...]]:
-        """A scheduled loader resuming ``state``: (the schedule its runs used, the segments
-        they were laid out with), checked field by field. A state of a ``mixing_weights``
-        loader (``by_weights``) used this loader's first weights alone, in one segment."""
-        read_plan = self.dataset.read_plan
-        assert read_plan.schedule is not None
-        if by_weights:
-            weights = dataclasses.replace(read_plan, schedule=None)
-            return read_plan.schedule[:1], (plan.epoch_length(weights, epoch),)
-        old = schedules.schedule_from_json(checks.field(state, "schedule"), len(read_plan.streams))
-        segments = schedules.segments_from_json(checks.field(state, "segments"), records)
-        return old, segments
-
-    def _by_weights(self, state: dict[str, Any], fingerprint: str) -> bool:
-        """Whether a scheduled loader resumes a state of the ``mixing_weights`` loader of its
-        first entry's weights (``fingerprint``, the state's, is that loader's)."""
-        read_plan = self.dataset.read_plan
-        if read_plan.schedule is None or "schedule" in state:
-            return False
-        resumed = dataclasses.replace(read_plan, schedule=None).resumed_by(
-            fingerprint, self.dataset.fingerprint
-        )
-        if resumed is not None and resumed.spread != read_plan.spread:
-            self.dataset.read_plan = dataclasses.replace(read_plan, spread=resumed.spread)
-        return resumed is not None
-
-    def _check_tokenizer(self, state: dict[str, Any]) -> None:
-        """ValueError naming both when ``state`` was made with another tokenizer than this
-        loader's, or with one where this loader reads a token column (or the reverse)."""
-        theirs = state.get("tokenizer")
-        if theirs is not None:
-            theirs = checks.string(theirs, "tokenizer")
-        text = self.dataset.text
-        if theirs != (None if text is None else text.name):
-            raise ValueError(tokenizer_refusal(theirs, text))
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Makes the next pass the rest of the epoch ``state`` was taken in, on this loader's
-        topology. Raises ValueError for a state of another version, kind or selection, one
-        that lacks some rank's positions, and, naming the field, for a field that is missing,
-        of the wrong type or out of bounds (see :mod:`~syvain_training_data.loading.state`):
-        every field is checked before anything is computed from it, and the positions against
-        the epoch's plan. A state made with another tokenizer (``text_column=``,
-        ``tokenizer=``) is a ValueError naming both. With a mixing schedule, ValueError naming
-        the first difference when this loader's schedule differs from the state's at or before
-        a position its runs consumed (see :mod:`~syvain_training_data.loading.schedule`)."""
+    def _check_kind(self, state: object) -> None:
         if (
             not isinstance(state, dict)
             or state.get("version") != STATE_VERSION
             or state.get("kind") != STATE_KIND
         ):
             raise ValueError("Not a token loader state (state_dict of a load_tokens loader)")
-        self._check_tokenizer(state)
-        selection = checks.string(checks.field(state, "selection"), "selection")
-        resumed = self.dataset.read_plan.resumed_by(selection, self.dataset.fingerprint)
-        ours = resumed is not None
-        if resumed is not None:
-            self.dataset.read_plan = resumed
-        by_weights = not ours and self._by_weights(state, selection)
-        if not ours and not by_weights:
-            raise ValueError(
-                self.dataset.read_plan.refusal(
-                    selection,
-                    self.dataset.fingerprint,
-                    "This loader state was saved for another selection, seed, shuffle, mixing, "
-                    "token column or eos_id",
-                )
-            )
-        epoch = checks.epoch_of(state)
-        records = sum(self.dataset.read_plan.totals())
-        schedule = self.dataset.read_plan.schedule
-        old, segments, boundaries = None, None, None
-        if schedule is not None:  # laid out segment by segment, as the state's runs were
-            old, segments = self._resumed_schedule(state, epoch, records, by_weights)
-            length, boundaries = segments[-1], (0, *segments)
-        else:
-            length = plan.epoch_length(self.dataset.read_plan, epoch)
-        interrupts = token_state.interrupts_from_json(
-            checks.field(state, "interrupts"), length, records
-        )
-        # Runs on one topology at the end are one run: exact, as no run has been laid out
-        # after them yet.
-        interrupts = plan.merged_tail(interrupts)
-        if interrupts and all(interrupts[-1].finished):
-            epoch, interrupts = epoch + 1, ()  # every rank had finished the epoch
-        elif interrupts:  # positions past a part or back inside a record: ValueError now
-            token_plan.token_layout(
-                length, interrupts, self._topology, self.dataset.rank, boundaries
-            )
-            if schedule is not None and old is not None and segments is not None:
-                schedules.check_resume(old, schedule, segments, interrupts, self._topology)
-        self._segments = segments if interrupts else None
-        self._next_epoch, self._resume = epoch, interrupts
-        self._pass = None
-        self._iterator = None
-
-
-def _tracked(
-    batches: Iterator[Bundle], progress: dict[str, Any], workers: int, ring: BatchRing | None
-) -> Iterator[Any]:
-    # Positions are those of batches the training loop received: batches workers prefetched
-    # but the loop never took are not consumed. ``ring`` is held while its batches arrive.
-    positions = list(progress["positions"])
-    progress["positions"] = positions
-    for batch, worker, whole, offset in in_turn(batches, workers):
-        positions[worker] = (whole, offset)
-        progress["turn"] = (worker + 1) % workers
-        yield batch
-    progress["finished"] = True
