@@ -15,7 +15,7 @@
    unseeded.
 
 Run: .venv/bin/python benchmarks/shuffle.py [--records-per-shard 8000] [--repeat 3]
-[--bytes-only | --speed-only]
+[--bytes-only [--formats jsonl.gz ...] | --speed-only]
 """
 
 from __future__ import annotations
@@ -140,8 +140,11 @@ def memory(root: str, seed: int | None) -> dict[str, Any]:
     }
 
 
-def bytes_rows(client: SyvainTrainingData, root: str, store: str) -> None:
-    """Part 2: bytes and range reads per epoch, per format and layout."""
+def bytes_rows(
+    client: SyvainTrainingData, root: str, store: str, only: list[str] | None = None
+) -> None:
+    """Part 2: bytes and range reads per epoch, per format and layout (``only``: these
+    formats)."""
     layouts = {
         "equal": [2000] * SHARDS,
         "unequal": [125 * 2 ** (i % 7) for i in range(SHARDS)],  # 125 to 8,000 records
@@ -152,6 +155,8 @@ def bytes_rows(client: SyvainTrainingData, root: str, store: str) -> None:
     for layout, counts, data_formats in cases:
         shards = [text_records(count, seed) for seed, count in enumerate(counts)]
         for data_format in data_formats:
+            if only and data_format not in only:
+                continue
             uri = f"{root}/bytes-{layout}-{data_format}/data-manifest.json"
             size = publish(client, uri, shards, data_format)
             for consumers in (1, 4, 16):
@@ -174,11 +179,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--bytes-only", action="store_true", help="only part 2")
     parser.add_argument("--speed-only", action="store_true", help="only part 1")
+    parser.add_argument("--formats", nargs="+", help="part 2 for these formats only")
     options = parser.parse_args()
     with tempfile.TemporaryDirectory() as root, start_seaweed(buckets=("bench",)) as server:
         s3 = SyvainTrainingData(**storage_options(server))
         if not options.speed_only:
-            bytes_rows(s3, "s3://bench", "seaweedfs")
+            bytes_rows(s3, "s3://bench", "seaweedfs", options.formats)
         if options.bytes_only:
             return
         shards = [text_records(options.records_per_shard, seed) for seed in range(SHARDS)]

@@ -189,8 +189,8 @@ class GzipIndexLayout:
 
     def entry(self, data: bytes) -> AccessPoint:
         """The entry in a slot's bytes; ValueError when it does not fit the shard."""
-        start_bit, skip, first_record, first_line, end_byte, window_len, member = (
-            ENTRY.unpack_from(data)
+        start_bit, skip, first_record, first_line, end_byte, window_len, member = ENTRY.unpack_from(
+            data
         )
         start = start_bit // 8
         if not (
@@ -205,7 +205,10 @@ class GzipIndexLayout:
         window = b""
         if len(data) > ENTRY.size:
             window = decompress_window(data[ENTRY.size : ENTRY.size + window_len])
-        return AccessPoint(start_bit, bool(member), skip, first_record, first_line, end_byte, window)
+        member_start = bool(member)
+        return AccessPoint(
+            start_bit, member_start, skip, first_record, first_line, end_byte, window
+        )
 
     def segment(self, first: AccessPoint, end_byte: int) -> Segment:
         """The segment a read entering at ``first`` reads, through byte ``end_byte``."""

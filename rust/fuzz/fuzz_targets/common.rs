@@ -1,8 +1,8 @@
 //! Shared by the targets: the input's first byte picks how the shard is cut into chunks (as a
 //! network stream would deliver it), the second the declared record count.
 
-use syvain_core::source::MemorySource;
 use bytes::Bytes;
+use syvain_core::source::MemorySource;
 
 /// `(source, declared)`, or `None` for an input too short to hold the two bytes.
 pub fn split(data: &[u8]) -> Option<(MemorySource, u64)> {

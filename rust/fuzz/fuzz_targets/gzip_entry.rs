@@ -74,7 +74,11 @@ fuzz_target!(|data: &[u8]| {
             first_record: e.first_record,
             first_line: e.first_line,
         };
-        let end = if stop == records { rest.len() } else { e.end_byte as usize };
+        let end = if stop == records {
+            rest.len()
+        } else {
+            e.end_byte as usize
+        };
         let entered = lines(&rest[(e.start_bit / 8) as usize..end], range, Some(&entry));
         // (A whole read may fail earlier, on a line over the limit before the block.)
         if let Some(whole) = lines(rest, range, None) {

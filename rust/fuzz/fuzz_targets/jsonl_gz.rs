@@ -1,8 +1,8 @@
 //! Whole jsonl.gz shards: gzip members, trailing bytes, UTF-8, line splitting and limits.
 #![no_main]
 
-use syvain_core::codec::lines::{nesting_exceeds, JsonlLines};
 use libfuzzer_sys::fuzz_target;
+use syvain_core::codec::lines::{nesting_exceeds, JsonlLines};
 
 #[path = "common.rs"]
 mod common;

@@ -1,9 +1,9 @@
 //! Whole msgpack.zstf shards: framing, zstd limits, MessagePack validation, record count.
 #![no_main]
 
+use libfuzzer_sys::fuzz_target;
 use syvain_core::codec::msgpack::validate_record;
 use syvain_core::codec::zstf::ZstfFrames;
-use libfuzzer_sys::fuzz_target;
 
 #[path = "common.rs"]
 mod common;

@@ -2,12 +2,12 @@
 //! newlines (jsonl.gz), stopping after the range, and the partial-read count rules.
 #![no_main]
 
+use libfuzzer_sys::fuzz_target;
 use syvain_core::codec::columnar::is_json_record;
 use syvain_core::codec::lines::JsonlLines;
 use syvain_core::codec::msgpack::validate_record;
 use syvain_core::codec::zstf::ZstfFrames;
 use syvain_core::codec::RecordRange;
-use libfuzzer_sys::fuzz_target;
 
 #[path = "common.rs"]
 mod common;

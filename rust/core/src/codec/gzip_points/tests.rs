@@ -205,9 +205,7 @@ fn steps_restart_at_every_block() {
     let (block, step) = (700u64, 300u64);
     let (records, entries) = build_steps(&data, block, step, 1 << 14).unwrap();
     // Steps start at 0, 300, 600 of every block of 700: records 0, 300, 600, 700, 1000, ...
-    let firsts: Vec<u64> = (0..records)
-        .filter(|n| (n % block) % step == 0)
-        .collect();
+    let firsts: Vec<u64> = (0..records).filter(|n| (n % block) % step == 0).collect();
     assert_eq!(entries.len(), firsts.len());
     let whole = counted(read(&data, RecordRange::full(records), None).unwrap());
     for (entry, (k, &first)) in entries.iter().zip(firsts.iter().enumerate()).skip(1) {
