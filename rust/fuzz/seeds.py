@@ -102,6 +102,13 @@ def main() -> None:
         seeds = shard_seeds(msgpack_shards, count)
     elif target == "jsonl_gz":
         seeds = shard_seeds(jsonl_shards, count)
+    elif target == "gzip_entry":
+        # block, entry bits (high bit: member start), skip, first record, window length, shard
+        seeds = [
+            bytes([block, bits, skip, first, 0]) + shard
+            for shard in jsonl_shards
+            for block, bits, skip, first in ((1, 0, 0, 0), (3, 5, 2, 0x21), (7, 0x80, 0, 0))
+        ]
     else:  # record_range: start byte (low bit: 0 msgpack.zstf, 1 jsonl.gz), stop byte, shard
         seeds = [
             bytes([start << 1 | fmt, stop]) + seed
