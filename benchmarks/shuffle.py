@@ -10,12 +10,12 @@
    Parquet), over 16 equal shards (2,000 records each) and 16 unequal ones (125 to 8,000
    records); and jsonl.gz over 8 large shards (24,000 records, about 9 MB and 3 blocks each),
    the layout where its access points let a consumer enter a shard mid-stream.
-3. **Memory**: a local dataset of 10,000 shards (x 40 records of 2 KB), loaded seeded with 2
-   workers: each worker's peak resident memory (VmHWM) and the main process's, beside the same
-   unseeded.
+3. **Memory**: a local dataset of 10,000 shards (``--memory-only SHARDS``: that many, alone) x
+   40 records of 2 KB, loaded seeded with 2 workers: each worker's peak resident memory (VmHWM)
+   and the main process's, beside the same unseeded.
 
 Run: .venv/bin/python benchmarks/shuffle.py [--records-per-shard 8000] [--repeat 3]
-[--bytes-only [--formats jsonl.gz ...] | --speed-only]
+[--bytes-only [--formats jsonl.gz ...] | --speed-only | --memory-only SHARDS]
 """
 
 from __future__ import annotations
@@ -113,13 +113,13 @@ class PeakCollate:
         return os.getpid(), peak_kib(), len(records)
 
 
-def memory(root: str, seed: int | None) -> dict[str, Any]:
+def memory(root: str, seed: int | None, shards: int = 10_000) -> dict[str, Any]:
     client = SyvainTrainingData()
-    uri = f"file://{root}/many/data-manifest.json"
-    if not Path(root, "many", "data-manifest.json").exists():
+    uri = f"file://{root}/many-{shards}/data-manifest.json"
+    if not Path(root, f"many-{shards}", "data-manifest.json").exists():
         saver = client.dataset_saver(uri, data_format="msgpack.zstf")
         payload = "x" * 2000
-        for index in range(10_000):
+        for index in range(shards):
             rows = ({"i": i, "text": payload} for i in range(40))
             saver.save("train", None, rows, shard_id=f"{index:05d}")
         saver.commit_manifest()
@@ -132,7 +132,7 @@ def memory(root: str, seed: int | None) -> dict[str, Any]:
         peaks[pid] = max(peaks.get(pid, 0), peak)
         records += count
     return {
-        "case": "memory, 10,000 shards x 40 records, 2 workers",
+        "case": f"memory, {shards:,} shards x 40 records, 2 workers",
         "seed": seed,
         "records": records,
         "worker_peak_mib": [round(p / 1024, 1) for p in sorted(peaks.values())],
@@ -180,7 +180,15 @@ def main() -> None:
     parser.add_argument("--bytes-only", action="store_true", help="only part 2")
     parser.add_argument("--speed-only", action="store_true", help="only part 1")
     parser.add_argument("--formats", nargs="+", help="part 2 for these formats only")
+    parser.add_argument(
+        "--memory-only", type=int, metavar="SHARDS", help="only part 3, over SHARDS shards"
+    )
     options = parser.parse_args()
+    if options.memory_only:
+        with tempfile.TemporaryDirectory() as root:
+            for seed in (None, 0):
+                print(json.dumps(memory(root, seed, options.memory_only)), flush=True)
+        return
     with tempfile.TemporaryDirectory() as root, start_seaweed(buckets=("bench",)) as server:
         s3 = SyvainTrainingData(**storage_options(server))
         if not options.speed_only:

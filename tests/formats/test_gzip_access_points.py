@@ -171,6 +171,20 @@ def test_the_saver_writes_an_index_and_seeded_reads_fetch_each_byte_about_once(t
     assert seen == list(range(RECORDS))
 
 
+def test_indexes_under_another_prefix_are_read_from_there(foreign, tmp_path):
+    shard, whole = foreign
+    root = f"file://{tmp_path}/indexes"
+    assert index_shard(shard, StorageConfig(), data_format="jsonl.gz", index_root=root) in (
+        "written",
+        "kept",
+    )
+    indexes = ShardIndexes(None, root, "jsonl.gz")
+    start, stop = RECORDS // 2, RECORDS // 2 + 100
+    segment = indexes.segment(shard, start, stop)
+    assert segment is not None and segment.byte_start > 0
+    assert list(read_records("jsonl.gz", shard, None, start, stop, segment)) == whole[start:stop]
+
+
 def test_the_index_command_indexes_a_jsonl_dataset(foreign, capsys):
     shard, _ = foreign
     manifest_uri = shard.uri.rsplit("/", 1)[0] + "/data-manifest.json"

@@ -191,9 +191,10 @@ fn check_every_block(data: &[u8], block: u64) {
 
 #[test]
 fn every_block_read_from_its_entry_equals_the_whole_read() {
-    let plain = text(6_000, 1);
+    let plain = text(4_000, 1);
     let data = gzip(&plain);
-    for block in [1, 7, 250, 1_000, 5_000, 10_000] {
+    // (Blocks of one record, an entry per line, are checked on a smaller text below.)
+    for block in [5, 250, 1_000, 5_000] {
         check_every_block(&data, block);
     }
 }
@@ -242,6 +243,7 @@ fn a_last_line_without_newline_and_blank_runs() {
     plain.extend(text(2_000, 3));
     plain.extend(b"{\"last\": true}");
     check_every_block(&gzip(&plain), 5);
+    check_every_block(&gzip(&text(300, 6)), 1);
 }
 
 #[test]
