@@ -21,12 +21,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torch.utils.data import default_collate, default_convert, get_worker_info
+from torch.utils.data import default_collate, default_convert
 
 from syvain_training_data.loading import plan
 from syvain_training_data.loading import schedule as schedules
 from syvain_training_data.loading import state as checks
-from syvain_training_data.loading.bundles import BUNDLE_BATCHES, Bundle, bundled
+from syvain_training_data.loading.bundles import BUNDLE_BATCHES, Bundle
 from syvain_training_data.loading.dataloader import STATE_VERSION
 from syvain_training_data.loading.dataset import ShardDataset
 from syvain_training_data.loading.positions import (
@@ -208,14 +208,8 @@ class FilteredDataset(PositionDataset):
         check_filter_names(state, self.keep)
 
     def __iter__(self) -> Iterator[Bundle]:
-        info = get_worker_info()
-        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        epoch, interrupts = self.epoch, self.token_interrupts
-        # A persistent worker's copy advances one epoch per pass, like the loader.
-        self.epoch, self.token_interrupts = epoch + 1, ()
-        batches = self._batches(epoch, interrupts, worker, workers)
-        bundles = bundled(batches, worker, 1 if info is None else BUNDLE_BATCHES)
-        if info is None or self.columns is None:
+        bundles, in_worker = self.pass_bundles(BUNDLE_BATCHES)
+        if not in_worker or self.columns is None:
             # collate_fn's batches travel as the DataLoader sends them: walking batches of any
             # shape for tensors to wrap costs more than it saves (a dict per record rebuilt).
             return bundles

@@ -21,10 +21,12 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
+from torch.utils.data import get_worker_info
+
 from syvain_training_data.loading import plan, token_plan, token_state
 from syvain_training_data.loading import schedule as schedules
 from syvain_training_data.loading import state as checks
-from syvain_training_data.loading.bundles import Bundle, as_is, in_turn
+from syvain_training_data.loading.bundles import Bundle, as_is, bundled, in_turn
 from syvain_training_data.loading.dataloader import STATE_VERSION, EpochLoader
 from syvain_training_data.loading.dataset import ShardDataset
 from syvain_training_data.loading.transfer import BatchRing, for_transfer
@@ -72,6 +74,23 @@ class PositionDataset(ShardDataset):
 
     def check_names(self, state: dict[str, Any]) -> None:
         """ValueError naming both when ``state`` was made with another tokenizer or filter."""
+
+    def _batches(
+        self, epoch: int, interrupts: Sequence[Any], worker: int, workers: int
+    ) -> Iterator[tuple[Any, int, int, int]]:
+        """This consumer's batches of a pass, each with its position after it."""
+        raise NotImplementedError
+
+    def pass_bundles(self, bundle: int) -> tuple[Iterator[Bundle], bool]:
+        """This pass's batches in bundles of ``bundle`` (one in the main process), and whether
+        it runs in a DataLoader worker. A persistent worker's copy advances one epoch per
+        pass, like the loader."""
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        epoch, interrupts = self.epoch, self.token_interrupts
+        self.epoch, self.token_interrupts = epoch + 1, ()
+        batches = self._batches(epoch, interrupts, worker, workers)
+        return bundled(batches, worker, 1 if info is None else bundle), info is not None
 
 
 class PositionLoader(EpochLoader[token_plan.TokenInterrupt]):

@@ -20,13 +20,12 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import get_worker_info
 
 from syvain_training_data.errors import ShardDataError
 from syvain_training_data.loading import plan, token_plan
 from syvain_training_data.loading import schedule as schedules
 from syvain_training_data.loading import state as checks
-from syvain_training_data.loading.bundles import BUNDLE_BATCHES, BUNDLE_BYTES, Bundle, bundled
+from syvain_training_data.loading.bundles import BUNDLE_BATCHES, BUNDLE_BYTES, Bundle
 from syvain_training_data.loading.dataloader import STATE_VERSION
 from syvain_training_data.loading.filters import (
     RecordFilter,
@@ -136,14 +135,8 @@ class TokenDataset(PositionDataset):
         check_filter_names(state, self.keep)
 
     def __iter__(self) -> Iterator[Bundle]:
-        info = get_worker_info()
-        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        epoch, interrupts = self.epoch, self.token_interrupts
-        # A persistent worker's copy advances one epoch per pass, like the loader.
-        self.epoch, self.token_interrupts = epoch + 1, ()
-        batches = self._batches(epoch, interrupts, worker, workers)
-        bundles = bundled(batches, worker, self.bundle)
-        return bundles if info is None else sent(bundles, self.ring)
+        bundles, in_worker = self.pass_bundles(self.bundle)
+        return sent(bundles, self.ring) if in_worker else bundles
 
     def _batches(
         self,
