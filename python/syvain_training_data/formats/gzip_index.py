@@ -10,7 +10,7 @@ first record, with the window there (deflate-compressed), the text to skip to th
 the records and lines before that line, and the byte by which the step's last record can be
 decoded. A range read then fetches from the access point at or before its first record to the
 end of its last step (less than a step and a deflate block more than its own bytes), plus one
-slot of the index (a compressed window: about 10 KiB for text). The shard's own bytes do not
+slot of the index (a compressed window: about 13 KiB for text). The shard's own bytes do not
 change: other implementations read it as before and ignore the index.
 
 Trust, as for msgpack.zstf: an index names the shard version it indexes (records, size, version
