@@ -142,6 +142,11 @@ class GzipIndexLayout:
     def object_size(self) -> int:
         return HEADER.size + self.entries * self.slot
 
+    @property
+    def header_size(self) -> int:
+        """Bytes of the index object's header."""
+        return HEADER.size
+
     def header(self, version: bytes) -> bytes:
         return HEADER.pack(MAGIC, self.records, self.size_bytes, version, self.step, self.room)
 

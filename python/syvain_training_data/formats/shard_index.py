@@ -163,6 +163,11 @@ class IndexLayout:
     def entries(self) -> int:
         return math.ceil(self.records / self.every)
 
+    @property
+    def header_size(self) -> int:
+        """Bytes of the index object's header."""
+        return HEADER.size
+
     def header(self, version: bytes) -> bytes:
         """The index object's first bytes, for the shard version tagged ``version``."""
         return HEADER.pack(MAGIC, self.records, self.size_bytes, version)

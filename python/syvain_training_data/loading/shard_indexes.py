@@ -23,13 +23,11 @@ from array import array
 from collections import OrderedDict
 
 from syvain_training_data.errors import StorageError, StorageRetryExhaustedError
-from syvain_training_data.formats import gzip_index
 from syvain_training_data.formats.gzip_index import GzipIndexLayout
 from syvain_training_data.formats.indexes import build_index
 from syvain_training_data.formats.registry import FORMATS
 from syvain_training_data.formats.shard_index import (
     EARLIER_MAGIC,
-    HEADER,
     IndexLayout,
     Segment,
     ShardIndex,
@@ -69,10 +67,6 @@ def sized_layout(
     if isinstance(layout, GzipIndexLayout):
         layout = layout.with_object_size(head_object(uri, storage_config=config).size)
     return layout
-
-
-def header_size(layout: IndexLayout | GzipIndexLayout) -> int:
-    return gzip_index.HEADER.size if isinstance(layout, GzipIndexLayout) else HEADER.size
 
 
 def read_index_bytes(
@@ -229,7 +223,7 @@ class ShardIndexes:
         layout = index_layout(self.data_format, shard)
         try:
             layout = sized_layout(self.data_format, shard, uri, self.storage_config)
-            header = read_index_bytes(uri, layout, 0, header_size(layout), self.storage_config)
+            header = read_index_bytes(uri, layout, 0, layout.header_size, self.storage_config)
             problem = layout.header_problem(header, shard_version(shard, self.storage_config))
         except FileNotFoundError:
             self._remember(shard.uri, False)
@@ -266,13 +260,16 @@ class ShardIndexes:
                 self._usable.popitem(last=False)
 
 
-def shard_version(shard: ManifestShard, storage_config: StorageConfig | None) -> bytes:
-    """The version tag of ``shard`` as a reader reads it: of its manifest etag (the read holds
-    the store to it), else of the etag the store gives now (one HEAD)."""
+def shard_etag(shard: ManifestShard, storage_config: StorageConfig | None) -> str:
+    """The etag ``shard`` is read at: its manifest etag (the read holds the store to it), else
+    the one the store gives now (one HEAD)."""
     etag = portable_etag(shard.uri, shard.etag)
-    if not etag:
-        etag = head_object(shard.uri, storage_config=storage_config).etag
-    return version_tag(shard.uri, etag)
+    return etag or head_object(shard.uri, storage_config=storage_config).etag
+
+
+def shard_version(shard: ManifestShard, storage_config: StorageConfig | None) -> bytes:
+    """The version tag of ``shard`` as a reader reads it (of :func:`shard_etag`)."""
+    return version_tag(shard.uri, shard_etag(shard, storage_config))
 
 
 def index_problem(
@@ -294,21 +291,22 @@ def index_problem(
         return None
     if data[: len(EARLIER_MAGIC)] == EARLIER_MAGIC:
         return None
-    version = shard_version(shard, storage_config)
+    etag = shard_etag(shard, storage_config)
+    version = version_tag(shard.uri, etag)
     layout = index_layout(data_format, shard)
     try:
         if isinstance(layout, GzipIndexLayout):
             layout = layout.with_object_size(len(data))
-        problem = layout.header_problem(data[: header_size(layout)], version)
+        problem = layout.header_problem(data[: layout.header_size], version)
     except ValueError as error:
         problem = str(error)
     if problem is None and len(data) != layout.object_size:
         problem = f"it holds {len(data)} bytes, not the {layout.object_size} expected"
     if problem is not None:
         return f"{uri}: loaders do not use it: {problem}"
-    etag = portable_etag(shard.uri, shard.etag)
+    pinned = portable_etag(shard.uri, shard.etag) or None  # as the loader reads it
     with open_stream(
-        shard.uri, size_bytes=shard.size_bytes, etag=etag or None, storage_config=storage_config
+        shard.uri, size_bytes=shard.size_bytes, etag=pinned, storage_config=storage_config
     ) as stream:
         expected = b"".join(
             build_index(
@@ -317,15 +315,15 @@ def index_problem(
                 stream,
                 shard.records,
                 shard.size_bytes,
-                etag or head_object(shard.uri, storage_config=storage_config).etag,
+                etag,
             )
         )
     if data == expected:
         return None
     if isinstance(layout, GzipIndexLayout):
-        if data[: gzip_index.HEADER.size] != expected[: gzip_index.HEADER.size]:
+        if data[: layout.header_size] != expected[: layout.header_size]:
             return f"{uri}: its header is not the one its shard gives (another window room)"
-        wrong = _first_difference(data, expected, gzip_index.HEADER.size, layout.slot)
+        wrong = _first_difference(data, expected, layout.header_size, layout.slot)
         return (
             f"{uri}: access point {wrong} (records from {wrong * layout.step}) "
             "is not the one its shard has; loaders trust an index that names its shard's "

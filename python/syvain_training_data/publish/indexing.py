@@ -21,7 +21,6 @@ from syvain_training_data.formats.gzip_index import GzipIndexLayout
 from syvain_training_data.formats.indexes import build_index
 from syvain_training_data.formats.shard_index import IndexLayout, index_uri
 from syvain_training_data.loading.shard_indexes import (
-    header_size,
     index_layout,
     read_index_bytes,
     sized_layout,
@@ -105,7 +104,7 @@ def _header(
     there is none); an object no layout of this shard fits is read as an empty header, one
     that names nothing."""
     layout: IndexLayout | GzipIndexLayout = index_layout(data_format, shard)
-    size = header_size(layout)
+    size = layout.header_size
     try:
         layout = sized_layout(data_format, shard, uri, config)
         return read_index_bytes(uri, layout, 0, size, config), layout

@@ -120,7 +120,7 @@ impl JsonlLines {
     /// range reaches the end). A full range keeps the whole-shard semantics.
     pub fn with_range(mut self, range: RecordRange) -> Self {
         self.range = (!range.is_full() || self.entered).then_some(range);
-        if self.entered && (self.records > range.start || range.declared < self.records) {
+        if self.entered && self.records > range.start {
             self.failure = Some(DecodeFailure::shard(format!(
                 "the index entry starts at record {}, after the range's first record {}",
                 self.records, range.start
