@@ -151,7 +151,7 @@ def bytes_rows(
     }
     formats = ("msgpack.zstf", "jsonl.gz", "parquet")
     cases = [(layout, counts, formats) for layout, counts in layouts.items()]
-    cases.append(("large", [24_000] * (SHARDS // 2), ("jsonl.gz",)))
+    cases.append(("large", [24_000] * (SHARDS // 2), ("jsonl.gz", "parquet")))
     for layout, counts, data_formats in cases:
         shards = [text_records(count, seed) for seed, count in enumerate(counts)]
         for data_format in data_formats:

@@ -2,7 +2,7 @@
 # Runs one cargo-fuzz target of rust/fuzz for a bounded time, then prints the number of
 # executions and any findings (crash, leak, timeout or OOM inputs).
 #
-# Usage: scripts/fuzz.sh TARGET SECONDS     (targets: msgpack_zstf, msgpack_payload, jsonl_gz, record_range, gzip_entry)
+# Usage: scripts/fuzz.sh TARGET SECONDS     (targets: msgpack_zstf, msgpack_payload, jsonl_gz, record_range, gzip_entry, parquet_read)
 # Exits non-zero when the target found something.
 set -euo pipefail
 

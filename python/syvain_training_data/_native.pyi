@@ -77,6 +77,18 @@ class NativeStorage:
         entry: tuple[bool, int, bytes, int, int, int] | None = None,
         readahead_bytes: int | None = None,  # as for open_shard
     ) -> ShardBatchReader: ...
+    def open_parquet(
+        self,
+        uri: str,
+        *,
+        size_bytes: int,
+        etag: str | None = None,
+        start: int = 0,
+        stop: int | None = None,  # None: every row group to the file's end
+        columns: builtins.list[str] | None = None,
+        batch_rows: int | None = None,
+        max_batch_values: int,
+    ) -> ParquetBatchReader: ...
 
 @final
 class ObjectStream:
@@ -262,6 +274,19 @@ class ShardBatchReader:
     def uri(self) -> str: ...
     @property
     def data_format(self) -> str: ...
+
+@final
+class ParquetBatchReader:
+    def __iter__(self) -> ParquetBatchReader: ...
+    def __next__(self) -> ShardBatch: ...
+    @property
+    def plain_schema(self) -> ShardBatch: ...  # an empty batch of the expanded columns
+    @property
+    def rows(self) -> int: ...  # as the footer declares them
+    @property
+    def paged(self) -> bool: ...
+    @property
+    def fetched(self) -> tuple[int, int]: ...  # (requests, bytes)
 
 @final
 class ShardBatch:

@@ -475,6 +475,14 @@ def open_shard_batches(
     return _client(storage_config).open_shard_batches(uri, data_format, **read)
 
 
+def open_parquet(
+    uri: str, storage_config: StorageConfig | None = None, **read: Any
+) -> _native.ParquetBatchReader:
+    """A Parquet shard read in place, its footer fetched now; ``read`` are the keyword
+    arguments of ``NativeStorage.open_parquet`` (size, etag, rows, columns, batch rows)."""
+    return _client(storage_config).open_parquet(uri, **read)
+
+
 def check_storage_config(storage_config: StorageConfig) -> None:
     """Builds the config's native client now, so that a bad endpoint or a withheld secret fails
     here rather than on the first request (see :func:`native_storage`)."""

@@ -83,6 +83,33 @@ def jsonl_bomb_shards() -> list[bytes]:
     ]
 
 
+def parquet_shards() -> list[bytes]:
+    """Small Parquet files: with a page index, CRCs and pages of 4 rows (as our writer makes
+    them, smaller), dictionary-encoded with a list column, and snappy without a page index."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table(
+        {
+            "id": list(range(12)),
+            "text": [f"t{i % 3}" * (i % 5) for i in range(12)],
+            "tags": [[i, i + 1] if i % 4 else None for i in range(12)],
+        }
+    )
+    shards = []
+    for options in (
+        {"write_page_index": True, "write_page_checksum": True, "use_dictionary": False},
+        {"use_dictionary": True, "compression": "zstd"},
+        {"compression": "snappy", "row_group_size": 5},
+    ):
+        sink = io.BytesIO()
+        pq.write_table(table, sink, data_page_size=64, write_batch_size=4, **options)
+        shards.append(sink.getvalue())
+    return shards
+
+
 def shard_seeds(shards: list[bytes], declared: int) -> list[bytes]:
     """Each shard whole, then cut into chunks of 1 and 7 bytes (the first one only)."""
     seeds = [bytes([chunking, declared]) + shards[0] for chunking in (0, 1, 7)]
@@ -102,6 +129,13 @@ def main() -> None:
         seeds = shard_seeds(msgpack_shards, count)
     elif target == "jsonl_gz":
         seeds = shard_seeds(jsonl_shards, count)
+    elif target == "parquet_read":
+        # start row, span (255: to the end), columns and batch rows, file
+        seeds = [
+            bytes([start, span, which]) + shard
+            for shard in parquet_shards()
+            for start, span, which in ((0, 255, 0), (3, 4, 1), (1, 1, 6))
+        ]
     elif target == "gzip_entry":
         # block, entry bits (high bit: member start), skip, first record, window length, shard
         seeds = [

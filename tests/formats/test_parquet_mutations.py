@@ -1,11 +1,12 @@
 """Mutated Parquet shards through ``iter_shard("parquet", ...)``: a property test over small
 files with bytes overwritten, inserted or cut, and declared counts and ranges that may not
-fit. The reader (formats/parquet/, pyarrow underneath) must give either the rows pyarrow
+fit. The reader (formats/parquet/, arrow-rs underneath) must give either the rows pyarrow
 itself reads from those bytes, exactly ``stop - start`` of them, or a RuntimeError (its
 ShardDataError naming the shard): never another exception, a crash or unbounded memory.
+pyarrow is the reference: where both read a mutated file, ours must agree with it.
 
-The Parquet reader is pyarrow driven from Python, not Rust, so this is a hypothesis test
-rather than a cargo-fuzz target. It runs in a child process (a crash there fails the test
+The native reader alone is fuzzed too (``rust/fuzz/fuzz_targets/parquet_read.rs``); this
+test covers the whole path through Python. It runs in a child process (a crash there fails the test
 instead of ending the session) with a fixed seed (``derandomize``: the same examples every
 run, so it cannot flake), and the child's peak RSS is bounded.
 """
@@ -72,7 +73,7 @@ BASES = base_shards()
 def histogram_abort() -> tuple[bytes, int, int, int | None]:
     """The mutation this test found first: pyarrow 26 aborted the process (an uncaught
     ParquetException, "Definition level histogram size mismatch") when the reader asked
-    for a column chunk's metadata (bounds.values_per_row). Six bytes cut, two set."""
+    for a column chunk's metadata (when pyarrow decoded the shards). Six bytes cut, two set."""
     data = bytearray(BASES[1][0])
     del data[171:177]
     data[869], data[1541] = 194, 63

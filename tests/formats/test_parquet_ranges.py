@@ -125,9 +125,9 @@ def served_and_tracked(
     seaweed: Any, key: str, text_bytes: int, seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[Any, list[dict[str, Any]], bytes, ManifestShard, list[Any]]:
     """(config, records, bytes, shard) of a Parquet shard of RANGE_ROWS rows in row groups of
-    GROUP_ROWS on SeaweedFS at ``key``, and the RangedFiles opened from then on (each counts
-    the bytes it fetched)."""
-    from syvain_training_data.formats.parquet import ranged_file
+    GROUP_ROWS on SeaweedFS at ``key``, and the native readers opened from then on (each
+    counts the requests and bytes it fetched: ``fetched``)."""
+    from syvain_training_data.formats.parquet import reader
 
     config = config_for(seaweed)
     rng = random.Random(seed)
@@ -136,14 +136,15 @@ def served_and_tracked(
     pq.write_table(pa.Table.from_pylist(records), sink, row_group_size=GROUP_ROWS)
     data = sink.getvalue()
     shard = publish(key, data, config, RANGE_ROWS)
-    opened: list[ranged_file.RangedFile] = []
-    real = ranged_file.RangedFile.__init__
+    opened: list[Any] = []
+    real = reader.open_native
 
-    def tracked(self: Any, *args: Any) -> None:
-        real(self, *args)
-        opened.append(self)
+    def tracked(*args: Any) -> Any:
+        native = real(*args)
+        opened.append(native)
+        return native
 
-    monkeypatch.setattr(ranged_file.RangedFile, "__init__", tracked)
+    monkeypatch.setattr(reader, "open_native", tracked)
     return config, records, data, shard, opened
 
 
@@ -162,8 +163,8 @@ def test_an_s3_shard_is_read_in_place_fetching_only_what_is_decoded(
     metadata = pq.ParquetFile(io.BytesIO(data)).metadata
     group = metadata.row_group(9)
     group_bytes = sum(group.column(c).total_compressed_size for c in range(group.num_columns))
-    assert opened[-1].fetched <= group_bytes + 64 * 1024 + 8, (opened[-1].fetched, len(data))
-    assert opened[-1].fetched < len(data) / 4
+    assert opened[-1].fetched[1] <= group_bytes + 64 * 1024 + 8, (opened[-1].fetched[1], len(data))
+    assert opened[-1].fetched[1] < len(data) / 4
     batches = list(
         iter_parquet_batches(shard, storage_config=config, columns=["id"], start=0, stop=RANGE_ROWS)
     )
@@ -172,7 +173,7 @@ def test_an_s3_shard_is_read_in_place_fetching_only_what_is_decoded(
         metadata.row_group(g).column(0).total_compressed_size
         for g in range(metadata.num_row_groups)
     )
-    assert opened[-1].fetched <= ids + 64 * 1024 + 8, (opened[-1].fetched, ids, len(data))
+    assert opened[-1].fetched[1] <= ids + 64 * 1024 + 8, (opened[-1].fetched[1], ids, len(data))
 
 
 def test_a_whole_read_fetches_each_byte_once_and_a_range_stops_at_its_row_groups(
@@ -184,13 +185,13 @@ def test_a_whole_read_fetches_each_byte_once_and_a_range_stops_at_its_row_groups
     key = f"s3://{s3_bucket}/{unique_prefix}/w.parquet"
     config, records, data, shard, opened = served_and_tracked(seaweed, key, 200, 1, monkeypatch)
     assert list(iter_parquet_shard(shard, storage_config=config)) == records
-    assert opened[-1].fetched <= len(data), (opened[-1].fetched, len(data))
+    assert opened[-1].fetched[1] <= len(data), (opened[-1].fetched[1], len(data))
     assert list(iter_parquet_shard(shard, storage_config=config, start=0, stop=15)) == records[:15]
     second = pq.ParquetFile(io.BytesIO(data)).metadata.row_group(1)
     chunks = [second.column(c) for c in range(second.num_columns)]
     group_0_end = min(c.dictionary_page_offset or c.data_page_offset for c in chunks)
     footer = 64 * 1024 + 8
-    assert opened[-1].fetched <= group_0_end + footer, (opened[-1].fetched, group_0_end)
+    assert opened[-1].fetched[1] <= group_0_end + footer, (opened[-1].fetched[1], group_0_end)
 
 
 _KILLED_READER = """

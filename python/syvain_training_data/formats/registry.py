@@ -11,6 +11,10 @@ format is a descriptor here and its codec.
   (msgpack.zstf: the byte offset of every n-th record, ``formats.shard_index``) or
   ``"access_points"`` (jsonl.gz: where each block enters the gzip stream, with the window
   there, ``formats.gzip_index``); None for Parquet (its row groups come from its footer).
+- ``footer_blocks``: the format is entered by block through the shard's own footer (Parquet:
+  its row groups, and inside them its pages where the file has an offset index, which our
+  writer adds), with no index object; the seeded order cuts its shards into blocks when the
+  first shard has an offset index.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class ShardFormat:
     codec: Literal["native", "arrow"] = "native"
     single_put: bool = False
     index: Literal["frame_offsets", "access_points"] | None = None
+    footer_blocks: bool = False
 
     @property
     def record_index(self) -> bool:
@@ -57,6 +62,7 @@ FORMATS: Final[Mapping[str, ShardFormat]] = {
         attributes={"content-format": "parquet", "compression": "zstd"},
         codec="arrow",
         single_put=True,
+        footer_blocks=True,
     ),
     "msgpack.zstf": ShardFormat(
         name="msgpack.zstf",

@@ -256,8 +256,8 @@ class ShardDataset(IterableDataset[Any]):
     def new_indexes(self) -> ShardIndexes | None:
         """A pass's cache of shard indexes (made in the process that reads), when the
         selection's shards have them."""
-        if not self.read_plan.indexed:
-            return None
+        if not (self.read_plan.indexed and FORMATS[self.data_format].record_index):
+            return None  # Parquet is entered through its own footer
         return ShardIndexes(self.storage_config, self.index_root, self.data_format)
 
     def range_segment(

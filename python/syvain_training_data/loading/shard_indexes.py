@@ -103,6 +103,24 @@ def has_index(
     return True
 
 
+def has_page_index(shard: ManifestShard, storage_config: StorageConfig | None) -> bool:
+    """Whether a Parquet ``shard`` has an offset index for every column chunk (its footer read:
+    one or two ranged reads of its tail), so a block inside a row group fetches only its pages.
+
+    Raises the store's error or the ShardDataError of a footer that does not parse, naming the
+    shard: a rank that cannot tell must not guess."""
+    from syvain_training_data.formats.parquet.reader import open_native
+
+    try:
+        return bool(open_native(shard, storage_config, 0, 0, None, None).paged)
+    except StorageError as error:
+        raise type(error)(_undecided(shard.uri, error), error.uri, error.reason) from error
+    except OSError as error:
+        raise type(error)(_undecided(shard.uri, error)) from error
+    except RuntimeError as error:
+        raise type(error)(_undecided(shard.uri, error)) from error
+
+
 def _undecided(uri: str, error: BaseException) -> str:
     return (
         "Cannot tell whether the dataset has record offset indexes (which decides the seeded "

@@ -8,6 +8,7 @@ rank's and worker's part of each epoch.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -39,7 +40,7 @@ from syvain_training_data.loading.dataset import (
     stream_tables,
 )
 from syvain_training_data.loading.selection import select_shards
-from syvain_training_data.loading.shard_indexes import has_index
+from syvain_training_data.loading.shard_indexes import has_index, has_page_index
 from syvain_training_data.manifest import DataManifest, ManifestShard
 from syvain_training_data.storage import StorageConfig
 from syvain_training_data.uris import check_shard_scheme
@@ -237,7 +238,9 @@ class SplitDataLoader:
         table, stream_shards, counts = stream_tables(shards, groups)
         index_root = _checked_index_root(options.index_root)
         indexed = self._has_indexes(shards, options.indexes, options.rank is None, index_root)
-        indexable = FORMATS[self.manifest.data_format].record_index and seed is not None
+        shard_format = FORMATS[self.manifest.data_format]
+        blockable = shard_format.record_index or shard_format.footer_blocks
+        indexable = blockable and seed is not None
         read_plan = plan.ReadPlan(
             streams=counts,
             weights=weights,
@@ -285,7 +288,8 @@ class SplitDataLoader:
         epoch alike). A shard without a usable index is still read, from its start."""
         if forced is not None and not isinstance(forced, bool):
             raise TypeError(f"indexes must be True, False or None, not {type(forced).__name__}")
-        if not FORMATS[self.manifest.data_format].record_index:
+        shard_format = FORMATS[self.manifest.data_format]
+        if not (shard_format.record_index or shard_format.footer_blocks):
             if forced:
                 raise ValueError(
                     f"indexes=True: {self.manifest.data_format} shards have no record offset "
@@ -295,9 +299,15 @@ class SplitDataLoader:
         if forced is not None:
             return forced
         config = self.storage_config
+        first = shards[0]
+        question: Callable[[], bool]
+        if shard_format.footer_blocks:  # the shard's own footer tells
+            question = functools.partial(has_page_index, first, config)
+        else:
+            question = functools.partial(has_index, first, config, index_root)
         if not ranks_from_torch:
-            return has_index(shards[0], config, index_root)
-        return _rank_zero_answer(lambda: has_index(shards[0], config, index_root))
+            return question()
+        return _rank_zero_answer(question)
 
     def load(
         self,
@@ -376,8 +386,9 @@ class SplitDataLoader:
             (logger ``syvain_training_data.loading.stats``, INFO); the DataLoader's
             ``stats()`` returns the counters at any time.
           indexes: whether the dataset has record offset indexes, which decides whether a
-            seeded order cuts msgpack.zstf shards into blocks (True) or reads whole shards as
-            blocks (False). Default None: whether the first shard's ``.index`` object exists,
+            seeded order cuts shards into blocks (True) or reads whole shards as blocks
+            (False). Default None: whether the first shard's ``.index`` object exists (for
+            Parquet, whether its footer has an offset index, which our writer adds),
             as rank 0 of an initialised torch.distributed group finds (when the ranks come
             from it), so every rank orders alike; an error other than "not found" is raised,
             never taken for "no". A state remembers the answer, and resuming with the other

@@ -17,11 +17,10 @@ import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
-from syvain_training_data.errors import PublicationConflictError, ShardDataError, StorageError
+from syvain_training_data.errors import PublicationConflictError, ShardDataError
 from syvain_training_data.formats.parquet.extra import pyarrow_modules
-from syvain_training_data.formats.parquet.ranged_file import RangedFile
+from syvain_training_data.formats.parquet.reader import open_native
 from syvain_training_data.formats.registry import FORMATS, shard_format
 from syvain_training_data.manifest import (
     MAX_COUNT,
@@ -35,9 +34,7 @@ from syvain_training_data.publish.upload import create_or_match
 from syvain_training_data.shard import iter_shard_batches
 from syvain_training_data.storage import StorageConfig, head_object, list_objects
 from syvain_training_data.uris import (
-    FILE_PREFIX,
     check_uri,
-    file_path,
     portable_etag,
 )
 
@@ -125,16 +122,9 @@ def _parquet_footer(
 ) -> tuple[int, str]:
     """(rows, schema text) from a Parquet file's footer: a ranged read or two, no data, held
     to ``etag`` (the HEAD's)."""
-    _, pq = pyarrow_modules()
-    local = shard.uri.startswith(FILE_PREFIX)
-    source: Any = file_path(shard.uri) if local else RangedFile(shard, storage_config, etag=etag)
-    try:
-        with pq.ParquetFile(source) as parquet:
-            return int(parquet.metadata.num_rows), str(parquet.schema_arrow)
-    except (StorageError, FileNotFoundError, PermissionError):  # the store's keep their types
-        raise
-    except Exception as error:  # not Parquet: pyarrow's words, naming the object
-        raise ShardDataError.of("parquet", shard.uri, error) from error
+    pa, _ = pyarrow_modules()
+    footer = open_native(shard, storage_config, 0, 0, None, None, etag=etag)
+    return int(footer.rows), str(pa.schema(footer.plain_schema))
 
 
 def _streamed_count(

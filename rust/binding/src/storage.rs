@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use syvain_core::codec::columnar::{column_selection, BatchOptions};
 use syvain_core::codec::gzip::GzipEntry;
+use syvain_core::codec::parquet_read::{ParquetBatches, ParquetRequest};
 use syvain_core::codec::{RecordRange, ShardFormat};
 use syvain_core::credentials::AwsCredentialProvider;
 use syvain_core::error::NativeError;
@@ -21,6 +22,7 @@ use syvain_core::upload::{self, WriteOptions};
 
 use crate::caller::PythonCaller;
 use crate::codec::gzip_points::{gzip_entry, EntryArgument};
+use crate::codec::parquet_batches::ParquetBatchReader;
 use crate::codec::shard_batches::ShardBatchReader;
 use crate::codec::shard_reader::ShardReader;
 use crate::credentials::PyCredentialProvider;
@@ -213,6 +215,40 @@ impl NativeStorage {
             options,
             entry,
         )?)
+    }
+
+    /// Reads rows `[start, stop)` of a Parquet shard in place (`stop` None: every row group
+    /// from `start` to the file's end): its footer, then only the pages of those rows (where
+    /// the file has an offset index) of `columns` (top-level names; None: all). Batches of
+    /// `batch_rows` rows (None: about 1 MiB of the file's column data), fewer where a batch
+    /// would declare more than `max_batch_values` list values. Fetches the footer here.
+    #[pyo3(signature = (uri, *, size_bytes, etag=None, start=0, stop=None, columns=None, batch_rows=None, max_batch_values))]
+    #[allow(clippy::too_many_arguments)]
+    fn open_parquet(
+        &self,
+        py: Python<'_>,
+        uri: String,
+        size_bytes: u64,
+        etag: Option<String>,
+        start: u64,
+        stop: Option<u64>,
+        columns: Option<Vec<String>>,
+        batch_rows: Option<usize>,
+        max_batch_values: u64,
+    ) -> BindingResult<ParquetBatchReader> {
+        let request = ParquetRequest {
+            uri,
+            size: size_bytes,
+            etag: etag.filter(|e| !e.is_empty()),
+            start,
+            stop,
+            columns,
+            batch_rows,
+            max_batch_values,
+        };
+        let storage = &self.storage;
+        let batches = crate::exiting::without_gil(py, || ParquetBatches::open(storage, request))?;
+        Ok(ParquetBatchReader::new(batches))
     }
 
     /// A resumable stream over bytes `[start, end)` (default: to the end) of an immutable

@@ -23,8 +23,9 @@ use crate::stream::{readahead_bound, StoreFactory, StreamReader, StreamRequest};
 /// parent's (their pools may hold locks taken by the parent's threads: see [`ProcessBound`]).
 type StoreCache = Mutex<HashMap<String, ProcessBound<Arc<dyn ObjectStore>>>>;
 
-/// A storage client. Holds credentials; its `Debug` never shows the secret.
-#[derive(Debug)]
+/// A storage client. Holds credentials; its `Debug` never shows the secret. A clone shares
+/// its stores.
+#[derive(Debug, Clone)]
 pub struct Storage {
     config: StorageConfig,
     stores: Arc<StoreCache>,

@@ -1,7 +1,8 @@
-"""The Parquet shard reader: the shard read in place (a local file, or ranged reads of the
-footer and of the column chunks decoded, :mod:`.ranged_file`), row groups before the range
-skipped unfetched, batches decoded ahead in a helper thread, rows built in Rust (the rules are
-in :mod:`syvain_training_data.formats.parquet`)."""
+"""The Parquet shard reader: the shard read in place by the native arrow-rs reader (the
+footer, then only the pages of the rows and columns read: row groups outside the range are
+never fetched, and inside one only the pages the range falls in where the file has an offset
+index), batches decoded ahead in a helper thread, dictionaries expanded in bounded pieces,
+rows built in Rust (the rules are in :mod:`syvain_training_data.formats.parquet`)."""
 
 from __future__ import annotations
 
@@ -12,25 +13,22 @@ import queue
 import stat
 import threading
 from collections.abc import Generator, Iterator
-from typing import IO, Any, Final
+from typing import Any, Final
 
 from syvain_training_data import _native, storage
 from syvain_training_data.errors import ObjectChangedError, ShardDataError, StorageError
 from syvain_training_data.formats.parquet import bounds
 from syvain_training_data.formats.parquet.extra import pyarrow_modules
-from syvain_training_data.formats.parquet.ranged_file import RangedFile
 from syvain_training_data.manifest import ManifestShard
 from syvain_training_data.storage import StorageConfig
-from syvain_training_data.uris import FILE_PREFIX, file_path
+from syvain_training_data.uris import FILE_PREFIX, file_path, portable_etag
 
 __all__ = ["iter_parquet_batches", "iter_parquet_shard"]
 
-#: Rows per conversion to Python (and the step of the decoded batch sizes).
+#: Rows per conversion to Python.
 BATCH_ROWS: Final = 1024
-#: pyarrow decodes batches of about this much column data (at most MAX_DECODE_ROWS rows),
-#: PREFETCH_BATCHES ahead of the rows handed out.
-DECODE_BATCH_BYTES: Final = 1024 * 1024
-MAX_DECODE_ROWS: Final = 64 * 1024
+#: Batches decoded ahead of the rows handed out (each about 1 MiB of the file's column data,
+#: sized by the native reader from the footer).
 PREFETCH_BATCHES: Final = 2
 
 
@@ -118,35 +116,32 @@ def _iter_batches(
     columns: list[str] | None,
 ) -> Generator[Any]:
     """Arrow batches of the rows ``[start, stop)``, with the count and local-file checks."""
-    pa, pq = pyarrow_modules()
-    with _open_source(shard, storage_config) as source:
-        local_etag = _check_local(shard, storage_config)
-        position = start
-        # Up to the declared end, every row group is read: rows past it are an error.
-        last = None if stop == shard.records else stop
-        batches = _arrow_batches(pq, source, shard.uri, start, last, batch_rows, columns)
-        try:
-            for batch in batches:
-                room = stop - position
-                if batch.num_rows > room:
-                    if room:
-                        yield _select(pa, batch.slice(0, room), columns)
-                    position = stop
-                    if stop == shard.records:
-                        raise _unreadable(
-                            shard.uri, f"declared {shard.records} records but found more"
-                        )
-                    break
-                position += batch.num_rows
-                yield _select(pa, batch, columns)
-                if position == stop < shard.records:
-                    break
-        finally:
-            batches.close()
-        if local_etag is not None:
-            _check_local(shard, storage_config, local_etag)
-        if position < stop:
-            raise _unreadable(shard.uri, f"declared {shard.records} records but yielded {position}")
+    pa, _ = pyarrow_modules()
+    local_etag = _check_local(shard, storage_config)
+    position = start
+    # Up to the declared end, every row group is read: rows past it are an error.
+    last = None if stop == shard.records else stop
+    batches = _arrow_batches(pa, shard, storage_config, start, last, batch_rows, columns)
+    try:
+        for batch in batches:
+            room = stop - position
+            if batch.num_rows > room:
+                if room:
+                    yield _select(pa, batch.slice(0, room), columns)
+                position = stop
+                if stop == shard.records:
+                    raise _unreadable(shard.uri, f"declared {shard.records} records but found more")
+                break
+            position += batch.num_rows
+            yield _select(pa, batch, columns)
+            if position == stop < shard.records:
+                break
+    finally:
+        batches.close()
+    if local_etag is not None:
+        _check_local(shard, storage_config, local_etag)
+    if position < stop:
+        raise _unreadable(shard.uri, f"declared {shard.records} records but yielded {position}")
 
 
 def _select(pa: Any, batch: Any, columns: list[str] | None) -> Any:
@@ -158,8 +153,7 @@ def _select(pa: Any, batch: Any, columns: list[str] | None) -> Any:
     return pa.RecordBatch.from_arrays(arrays, names=columns)
 
 
-# Raised by a ranged read of the object (through pyarrow, which passes them on unchanged).
-# The store's failures, and a RangedFile's own data errors, keep their types (and words).
+# The store's failures keep their types (and words).
 _STORE_ERRORS = (StorageError, FileNotFoundError, PermissionError, ShardDataError)
 
 
@@ -171,12 +165,13 @@ def _check_local(
     shard: ManifestShard, storage_config: StorageConfig | None, etag: str | None = None
 ) -> str | None:
     """For a file:// shard, which is read in place rather than copied: checks its size and
-    returns its etag (compared with ``etag``, the one seen when the read began); None for an
-    s3:// shard. The check is repeated after the last row, so a file changed while it was read
-    fails closed like a changed object in the store. A file:// etag in the manifest is not
-    enforced (SPEC section 4: it does not survive a copy)."""
+    returns its etag (compared with ``etag``, the one seen when the read began); None for a
+    stored object. The check is repeated after the last row, so a file changed while it was
+    read fails closed like a changed object in the store. A file:// etag in the manifest is
+    not enforced (SPEC section 4: it does not survive a copy)."""
     if not shard.uri.startswith(FILE_PREFIX):
         return None
+    _check_regular_file(shard.uri)
     info = storage.head_object(shard.uri, storage_config=storage_config)
     if info.size != shard.size_bytes:
         raise _unreadable(
@@ -190,67 +185,68 @@ def _check_local(
     return info.etag
 
 
-@contextlib.contextmanager
-def _open_source(shard: ManifestShard, storage_config: StorageConfig | None) -> Iterator[IO[bytes]]:
-    """The shard's bytes as an open binary file, read in place: a file:// shard's file, or an
-    object store's object through ranged reads (nothing is downloaded whole or written)."""
-    file: IO[bytes]
-    if shard.uri.startswith(FILE_PREFIX):
-        file = _open_local(shard.uri)
-    else:
-        file = RangedFile(shard, storage_config)  # type: ignore[assignment]
-    with file:
-        yield file
-
-
-def _open_local(uri: str) -> IO[bytes]:
-    """Opens a file:// shard for reading; OSError naming it unless it is a regular file.
-
-    Opened without blocking, then checked on the descriptor: a FIFO never hangs the reader and
-    a path swapped after a check cannot slip through."""
+def _check_regular_file(uri: str) -> None:
+    """OSError naming a file:// shard that is not a regular file (a FIFO would block the
+    reader, a directory is no shard), before anything opens it."""
     path = file_path(uri)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO, device or socket"
-            error_type = IsADirectoryError if stat.S_ISDIR(mode) else OSError
-            raise error_type(
-                errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL,
-                f"Parquet shard {uri} is not a regular file (it is {kind})",
-                path,
-            )
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return  # the store reports the missing object
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO, device or socket"
+        error_type = IsADirectoryError if stat.S_ISDIR(mode) else OSError
+        raise error_type(
+            errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL,
+            f"Parquet shard {uri} is not a regular file (it is {kind})",
+            path,
+        )
+
+
+def open_native(
+    shard: ManifestShard,
+    storage_config: StorageConfig | None,
+    start: int,
+    stop: int | None,
+    batch_rows: int | None,
+    columns: list[str] | None,
+    etag: str | None = None,
+) -> Any:
+    """The native reader of rows ``[start, stop)`` (``stop`` None: to the file's end) of
+    ``shard``, its footer read (``syvain_core::codec::parquet_read``): only the pages of
+    those rows and ``columns`` are fetched. Every read is held to ``etag`` when given (a HEAD
+    the caller made), else to the manifest's, else to the first response's."""
+    return storage.open_parquet(
+        shard.uri,
+        storage_config,
+        size_bytes=shard.size_bytes,
+        etag=etag or portable_etag(shard.uri, shard.etag) or None,
+        start=start,
+        stop=stop,
+        columns=columns,
+        batch_rows=batch_rows,
+        max_batch_values=bounds.PIECE_BYTES // bounds.NESTED_VALUE_BYTES,
+    )
 
 
 def _arrow_batches(
-    pq: Any,
-    source: Any,
-    uri: str,
+    pa: Any,
+    shard: ManifestShard,
+    storage_config: StorageConfig | None,
     start: int,
     stop: int | None,
     batch_rows: int | None,
     columns: list[str] | None,
 ) -> Generator[Any]:
-    """Arrow batches of a Parquet file (a path or a pyarrow readable) from row ``start``, of
-    ``batch_rows`` rows (None: about DECODE_BATCH_BYTES each), decoding only the file's
-    columns among ``columns`` (None: all): whole row groups before ``start``, and from
-    ``stop`` on (None: none), are skipped from the metadata, never fetched nor decoded;
-    pyarrow errors become RuntimeError."""
-    import pyarrow as pa
+    """Arrow batches of rows ``[start, stop)`` (``stop`` None: to the file's end) of the
+    file's columns among ``columns`` (None: all), of ``batch_rows`` rows (None: about 1 MiB of
+    column data), decoded ahead in a helper thread and expanded in bounded pieces."""
     import pyarrow.compute as pc
 
+    uri = shard.uri
     try:
-        parquet = pq.ParquetFile(source)
-        plain_schema = parquet.schema_arrow
-        encoded = bounds.dictionary_columns(parquet)
-        if encoded:  # opened again, its byte-array columns kept dictionary-encoded
-            parquet.close()
-            parquet = pq.ParquetFile(source, metadata=parquet.metadata, read_dictionary=encoded)
+        native = open_native(shard, storage_config, start, stop, batch_rows, columns)
+        plain_schema = pa.schema(native.plain_schema)
     except _STORE_ERRORS:  # the store's own failures keep their types
         raise
     except Exception as error:
@@ -263,80 +259,25 @@ def _arrow_batches(
             f"{bounds.MAX_ROW_BYTES} bytes per record",
         )
 
-    with contextlib.closing(parquet):
-        try:
-            groups, skip = _row_groups_within(parquet.metadata, start, stop)
-            if not groups:
+    batches = _prefetch(pa.record_batch(batch) for batch in native)
+    with contextlib.closing(batches):
+        while True:
+            try:
+                batch = next(batches, None)
+            except _STORE_ERRORS:  # the store's own failures keep their types
+                raise
+            except Exception as error:
+                raise _unreadable(uri, error) from error
+            if batch is None:
                 return
-            rows = batch_rows or _decode_batch_rows(parquet)
-            # Declared list values bound a batch too: a long list costs a few bits of levels.
-            nested = bounds.values_per_row(parquet.metadata)
-            rows = max(
-                1,
-                min(rows, bounds.PIECE_BYTES // bounds.NESTED_VALUE_BYTES // nested),
-            )
-            if columns is not None:
-                columns = [name for name in columns if name in parquet.schema_arrow.names]
-            batches = _prefetch(
-                parquet.iter_batches(batch_size=rows, row_groups=groups, columns=columns)
-            )
-        except _STORE_ERRORS:  # the store's own failures keep their types
-            raise
-        except Exception as error:
-            raise _unreadable(uri, error) from error
-        with contextlib.closing(batches):
-            while True:
-                try:
-                    batch = next(batches, None)
-                except _STORE_ERRORS:  # the store's own failures keep their types
-                    raise
-                except Exception as error:
-                    raise _unreadable(uri, error) from error
-                if batch is None:
-                    return
-                if skip >= batch.num_rows:
-                    skip -= batch.num_rows
-                    continue
-                batch = batch.slice(skip) if skip else batch
-                skip = 0
-                yield from bounds.bounded_pieces(pa, pc, batch, plain_schema, oversized)
-
-
-def _row_groups_within(metadata: Any, start: int, stop: int | None) -> tuple[list[int], int]:
-    """The row groups holding rows ``[start, stop)`` (``stop`` None: to the file's end), and
-    how many rows of the first of them come before ``start``. A range read stops before the
-    next row group, so the decoder's read-ahead never fetches one it does not need."""
-    groups: list[int] = []
-    skip = first_row = 0
-    for index in range(metadata.num_row_groups):
-        rows = metadata.row_group(index).num_rows
-        if stop is not None and first_row >= stop:
-            break
-        if first_row + rows > start:
-            if not groups:
-                skip = start - first_row
-            groups.append(index)
-        first_row += rows
-    return groups, skip
-
-
-def _decode_batch_rows(parquet: Any) -> int:
-    """Rows per decoded batch: about DECODE_BATCH_BYTES of the file's uncompressed column data,
-    a multiple of BATCH_ROWS from BATCH_ROWS to MAX_DECODE_ROWS (small rows decode faster in
-    bigger batches, big rows convert faster from batches that stay in the CPU caches)."""
-    metadata = parquet.metadata
-    groups = [metadata.row_group(index) for index in range(metadata.num_row_groups)]
-    rows = sum(group.num_rows for group in groups)
-    size = sum(group.total_byte_size for group in groups)
-    per_row = max(1, size // max(1, rows))
-    batch = DECODE_BATCH_BYTES // per_row // BATCH_ROWS * BATCH_ROWS
-    return int(min(MAX_DECODE_ROWS, max(BATCH_ROWS, batch)))
+            yield from bounds.bounded_pieces(pa, pc, batch, plain_schema, oversized)
 
 
 def _prefetch(batches: Iterator[Any]) -> Generator[Any]:
-    """``batches`` advanced in a helper thread, at most PREFETCH_BATCHES ahead: pyarrow decodes
-    with the GIL released, so decoding the next batch overlaps building the rows of this one.
-    Closing the generator (or its end, or an error) stops the thread and waits for it."""
+    """``batches`` advanced in a helper thread, at most PREFETCH_BATCHES ahead: the native
+    reader fetches and decodes with the GIL released, so decoding the next batch overlaps
+    building the rows of this one. Closing the generator (or its end, or an error) stops the
+    thread and waits for it."""
     handoff: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=PREFETCH_BATCHES)
     stop = threading.Event()
 

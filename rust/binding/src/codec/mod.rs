@@ -12,6 +12,7 @@ mod invalid_lines;
 mod json_write;
 mod key_cache;
 mod msgpack_write;
+pub mod parquet_batches;
 mod py_build;
 mod py_value;
 pub mod shard_batches;
@@ -31,6 +32,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<shard_reader::ShardReader>()?;
     m.add_class::<shard_encoder::ShardEncoder>()?;
     m.add_class::<gzip_points::GzipAccessPoints>()?;
+    m.add_class::<parquet_batches::ParquetBatchReader>()?;
     m.add_function(wrap_pyfunction!(shard_reader::shard_reader_from_bytes, m)?)?;
     shard_batches::register(m)?;
     Ok(())

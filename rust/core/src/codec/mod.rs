@@ -15,6 +15,7 @@ pub mod gzip;
 pub mod gzip_points;
 pub mod lines;
 pub mod msgpack;
+pub mod parquet_read;
 pub mod raw_inflate;
 pub mod zstf;
 
