@@ -54,7 +54,12 @@ def fineweb_like(paged: bool = False) -> bytes:
         }
     )
     sink = io.BytesIO()
-    pages = {"write_page_index": True, "data_page_size": 256 * 1024, "write_batch_size": 128}
+    pages = {
+        "write_page_index": True,
+        "data_page_size": 256 * 1024,
+        "write_batch_size": 128,
+        "use_dictionary": False,
+    }
     pq.write_table(
         table, sink, row_group_size=GROUP_ROWS, compression="zstd", **(pages if paged else {})
     )

@@ -44,6 +44,7 @@ use crate::error::{io_error, not_a_regular_file, NativeError, NativeResult};
 use crate::object_stores::Location;
 use crate::source::ByteSource;
 use crate::storage::Storage;
+use crate::stream::StreamReader;
 
 const FORMAT: &str = "parquet";
 /// The object's last bytes fetched first: the footer and page index of a shard of a few row
@@ -174,6 +175,7 @@ impl ParquetBatches {
                 ProjectionMask::roots(metadata.file_metadata().schema_descr(), roots)
             }
         };
+        ranges.whole_spans = whole_spans(&metadata, &groups, &selection, &projection);
         let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(ranges, reader)
             .with_row_groups(groups)
             .with_row_selection(selection)
@@ -385,6 +387,50 @@ fn row_plan(
     ))
 }
 
+/// The byte spans of the row groups of `groups` that `selection` reads whole, over the leaves
+/// of `projection`.
+fn whole_spans(
+    metadata: &ParquetMetaData,
+    groups: &[usize],
+    selection: &RowSelection,
+    projection: &ProjectionMask,
+) -> Vec<Range<u64>> {
+    let selectors: Vec<RowSelector> = selection.clone().into();
+    let (skipped, wanted) = match selectors.as_slice() {
+        [RowSelector {
+            skip: true,
+            row_count: skip,
+        }, RowSelector {
+            skip: false,
+            row_count: n,
+        }, ..] => (*skip, *n),
+        [RowSelector {
+            skip: false,
+            row_count: n,
+        }, ..] => (0, *n),
+        _ => return Vec::new(),
+    };
+    let (mut first_row, mut spans) = (0usize, Vec::new());
+    for &group in groups {
+        let rows = metadata.row_group(group).num_rows().max(0) as usize;
+        let whole = first_row >= skipped && first_row + rows <= skipped + wanted;
+        first_row += rows;
+        if !whole {
+            continue;
+        }
+        let columns = metadata.row_group(group).columns();
+        let span = (0..columns.len())
+            .filter(|&leaf| projection.leaf_included(leaf))
+            .map(|leaf| {
+                let (start, length) = columns[leaf].byte_range();
+                start..start.saturating_add(length)
+            })
+            .reduce(|a, b| a.start.min(b.start)..a.end.max(b.end));
+        spans.extend(span);
+    }
+    spans
+}
+
 /// The reader's schema with every top-level byte-array column that the file dictionary-encodes
 /// read as a dictionary (a value many rows reference stays one value). A column of plain pages
 /// is read plain: turning it into a dictionary would hash every value, to be expanded again.
@@ -527,6 +573,10 @@ pub struct ObjectRanges {
     /// The object's last bytes, fetched for the footer and kept: the pages they cover (all of
     /// a small file) are not fetched again.
     tail: (u64, Bytes),
+    /// The byte spans of the row groups read whole (their selected columns), in file order.
+    whole_spans: Vec<Range<u64>>,
+    /// A stream opened ahead over one of them.
+    ahead: Option<(Range<u64>, StreamReader)>,
 }
 
 impl ObjectRanges {
@@ -542,6 +592,8 @@ impl ObjectRanges {
             counters: counters::entered(),
             fetched: Arc::default(),
             tail: (request.size, Bytes::new()),
+            whole_spans: Vec::new(),
+            ahead: None,
         };
         if let Location::File { path } = &location {
             let path = std::path::Path::new(path);
@@ -575,6 +627,8 @@ impl ObjectRanges {
             counters: None,
             fetched: Arc::default(),
             tail: (request.size, Bytes::new()),
+            whole_spans: Vec::new(),
+            ahead: None,
         }
     }
 
@@ -630,6 +684,11 @@ impl ObjectRanges {
                 })?;
             return Ok(Bytes::from(data));
         }
+        drain(self.open_stream(&range)?, &range)
+    }
+
+    /// A resumable stream over `range` of the stored object, counted where the read began.
+    fn open_stream(&self, range: &Range<u64>) -> NativeResult<StreamReader> {
         let storage = self
             .storage
             .as_ref()
@@ -649,16 +708,58 @@ impl ObjectRanges {
         if let Some(counters) = &self.counters {
             counters::exit(counters);
         }
-        let mut stream = opened?;
-        let mut data = Vec::with_capacity((range.end - range.start) as usize);
-        while let Some(chunk) = stream.next_chunk()? {
-            data.extend_from_slice(&chunk);
-        }
-        Ok(Bytes::from(data))
+        opened
     }
 
-    /// The ranges' bytes, nearby ranges fetched as one request.
-    fn fetch_all(&self, ranges: &[Range<u64>]) -> NativeResult<Vec<Bytes>> {
+    /// The bytes of one joined range: from the stream opened ahead for it, else read now. A
+    /// stream opened ahead for another range is dropped (its task stops).
+    fn fetch_joined(&mut self, range: Range<u64>) -> NativeResult<Bytes> {
+        let Some((span, stream)) = self.ahead.take() else {
+            return self.fetch(range);
+        };
+        if span.start != range.start {
+            return self.fetch(range);
+        }
+        let served = range.end.min(span.end);
+        let head = drain(stream, &(range.start..served))?;
+        if served == range.end {
+            return Ok(head);
+        }
+        let mut joined = head.to_vec(); // the rest: from the kept tail, or read now
+        joined.extend_from_slice(&self.fetch(served..range.end)?);
+        Ok(Bytes::from(joined))
+    }
+
+    /// Opens a stream over the next whole row group's span after `end`, so that its bytes
+    /// arrive while this one is decoded (a stored object only; at most the stream's read-ahead
+    /// bound is held).
+    fn read_ahead(&mut self, end: u64) -> NativeResult<()> {
+        if self.storage.is_none() {
+            return Ok(());
+        }
+        let Some(next) = self
+            .whole_spans
+            .iter()
+            .find(|span| span.start >= end)
+            .cloned()
+        else {
+            return Ok(());
+        };
+        let next = next.start..next.end.min(self.tail.0); // the kept tail is not fetched again
+        if next.is_empty() {
+            return Ok(());
+        }
+        self.fetched.requests.fetch_add(1, Ordering::Relaxed);
+        self.fetched
+            .bytes
+            .fetch_add(next.end - next.start, Ordering::Relaxed);
+        self.ahead = Some((next.clone(), self.open_stream(&next)?));
+        Ok(())
+    }
+
+    /// The ranges' bytes, nearby ranges fetched as one request; then the next whole row group
+    /// is read ahead.
+    fn fetch_all(&mut self, ranges: &[Range<u64>]) -> NativeResult<Vec<Bytes>> {
         let mut order: Vec<usize> = (0..ranges.len()).collect();
         order.sort_by_key(|&i| (ranges[i].start, ranges[i].end));
         let mut out = vec![Bytes::new(); ranges.len()];
@@ -671,15 +772,33 @@ impl ObjectRanges {
                 end = end.max(ranges[order[last]].end);
                 last += 1;
             }
-            let joined = self.fetch(first..end)?;
+            let joined = self.fetch_joined(first..end)?;
             for &i in &order[at..last] {
                 let range = &ranges[i];
                 out[i] = joined.slice((range.start - first) as usize..(range.end - first) as usize);
             }
             at = last;
         }
+        if let Some(end) = ranges.iter().map(|range| range.end).max() {
+            self.read_ahead(end)?;
+        }
         Ok(out)
     }
+}
+
+/// The first `range.end - range.start` bytes of a stream that starts at `range.start` (the
+/// rest, if the stream goes further, is dropped with it).
+fn drain(mut stream: StreamReader, range: &Range<u64>) -> NativeResult<Bytes> {
+    let wanted = (range.end - range.start) as usize;
+    let mut data = Vec::with_capacity(wanted);
+    while data.len() < wanted {
+        let Some(chunk) = stream.next_chunk()? else {
+            break;
+        };
+        data.extend_from_slice(&chunk);
+    }
+    data.truncate(wanted);
+    Ok(Bytes::from(data))
 }
 
 fn as_parquet(error: NativeError) -> ParquetError {
