@@ -15,7 +15,7 @@
 
 use std::fs::File;
 use std::ops::Range;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -597,7 +597,13 @@ impl ObjectRanges {
         };
         if let Location::File { path } = &location {
             let path = std::path::Path::new(path);
-            let file = File::open(path).map_err(|e| match e.kind() {
+            // Opened without blocking (a FIFO would wait for a writer), then checked on the
+            // descriptor, so a path swapped after a check cannot slip through.
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(path);
+            let file = file.map_err(|e| match e.kind() {
                 std::io::ErrorKind::NotFound => NativeError::NotFound {
                     uri: request.uri.clone(),
                 },

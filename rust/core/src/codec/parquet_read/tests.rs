@@ -217,3 +217,16 @@ fn fuzz_findings_are_shard_errors() {
         assert!(message.starts_with(prefix), "{message}");
     }
 }
+
+#[test]
+fn a_fifo_is_refused_without_waiting_for_a_writer() {
+    let path = std::env::temp_dir().join(format!("syvain-parquet-fifo-{}", std::process::id()));
+    let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path; mkfifo only creates the node.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let storage = Storage::new(StorageConfig::default()).unwrap();
+    let outcome = ParquetBatches::open(&storage, request(&path, 100, 0, None));
+    std::fs::remove_file(&path).unwrap();
+    let message = outcome.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(message.contains("not a regular file (a FIFO)"), "{message}");
+}

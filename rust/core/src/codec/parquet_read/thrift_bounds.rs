@@ -121,30 +121,37 @@ impl Walker<'_> {
             Value::Struct(index) => {
                 let fields = STRUCTS.get(index).ok_or("no such Thrift struct")?;
                 let mut last_id: i16 = 0;
-                loop {
-                    let header = self.byte()?;
-                    let kind = Self::wire_type(header & 0x0F)?;
-                    if header & 0x0F == 1 || header & 0x0F == 2 {
-                        self.pending_bool = Some(header & 0x0F == 1);
-                    }
-                    if kind == STOP {
-                        return Ok(());
-                    }
-                    let delta = i16::from(header >> 4);
-                    last_id = if delta != 0 {
-                        last_id
-                            .checked_add(delta)
-                            .ok_or("its Thrift field ids overflow")?
-                    } else {
-                        self.zigzag()? as i16
-                    };
-                    match fields.iter().find(|(id, _)| *id == last_id) {
-                        Some((_, known)) => self.value(*known)?,
+                while let Some((id, kind)) = self.field_header(&mut last_id)? {
+                    match fields.iter().find(|(known, _)| *known == id) {
+                        Some((_, value)) => self.value(*value)?,
                         None => self.skip(kind, MAX_SKIP_DEPTH)?,
                     }
                 }
+                Ok(())
             }
         }
+    }
+
+    /// arrow-rs's `read_field_begin`: the next field's (id, wire type), None at STOP; a
+    /// boolean field's value is kept pending.
+    fn field_header(&mut self, last_id: &mut i16) -> Result<Option<(i16, u8)>, String> {
+        let header = self.byte()?;
+        let kind = Self::wire_type(header & 0x0F)?;
+        if header & 0x0F == 1 || header & 0x0F == 2 {
+            self.pending_bool = Some(header & 0x0F == 1);
+        }
+        if kind == STOP {
+            return Ok(None);
+        }
+        let delta = i16::from(header >> 4);
+        *last_id = if delta != 0 {
+            last_id
+                .checked_add(delta)
+                .ok_or("its Thrift field ids overflow")?
+        } else {
+            self.zigzag()? as i16
+        };
+        Ok(Some((*last_id, kind)))
     }
 
     /// arrow-rs's `read_list_set_begin`, with the length checked before anything reserves it.
@@ -182,25 +189,10 @@ impl Walker<'_> {
             }
             STRUCT => {
                 let mut last_id: i16 = 0;
-                loop {
-                    let header = self.byte()?;
-                    let field_kind = Self::wire_type(header & 0x0F)?;
-                    if header & 0x0F == 1 || header & 0x0F == 2 {
-                        self.pending_bool = Some(header & 0x0F == 1);
-                    }
-                    if field_kind == STOP {
-                        return Ok(());
-                    }
-                    let delta = i16::from(header >> 4);
-                    last_id = if delta != 0 {
-                        last_id
-                            .checked_add(delta)
-                            .ok_or("its Thrift field ids overflow")?
-                    } else {
-                        self.zigzag()? as i16
-                    };
+                while let Some((_, field_kind)) = self.field_header(&mut last_id)? {
                     self.skip(field_kind, depth - 1)?;
                 }
+                Ok(())
             }
             LIST => {
                 let header = self.data.get(self.at).copied().ok_or_else(ends_early)?;
