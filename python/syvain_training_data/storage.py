@@ -413,6 +413,21 @@ def open_stream(
     return _client(storage_config).open_stream(uri, size_bytes, etag=etag, start=start, end=end)
 
 
+def read_range(
+    uri: str,
+    *,
+    size_bytes: int,
+    start: int,
+    end: int,
+    etag: str | None = None,
+    storage_config: StorageConfig | None = None,
+) -> bytes:
+    """Bytes ``[start, end)`` (``start < end``) of an immutable object of ``size_bytes`` bytes,
+    read whole: a local file's by one read, without a stream; elsewhere as
+    :func:`open_stream` reads them (resumed, held to ``etag``)."""
+    return _client(storage_config).read_range(uri, size_bytes, start=start, end=end, etag=etag)
+
+
 def put_file(
     uri: str,
     path: str | os.PathLike[str],

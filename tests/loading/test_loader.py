@@ -372,10 +372,10 @@ def test_ranks_from_a_real_gloo_group(local_dataset, tmp_path):
     assert results[0]["equal"] == results[1]["equal"]
 
 
-def test_next_shard_is_requested_before_the_current_one_ends(local_dataset, monkeypatch):
+def test_next_shard_is_requested_before_the_current_one_ends(s3_dataset, monkeypatch):
     import syvain_training_data.loading.dataset as dataset_module
 
-    client, uri = local_dataset
+    client, uri = s3_dataset
     events: list[str] = []
     opened = {name: threading.Event() for name in ("part-001.msgpack.zstf",)}
     real_read_records = dataset_module.read_records
@@ -400,6 +400,29 @@ def test_next_shard_is_requested_before_the_current_one_ends(local_dataset, monk
         pass
     assert events.index("open part-001.msgpack.zstf") < events.index("end part-000.msgpack.zstf")
     assert events.index("open part-002.msgpack.zstf") > events.index("end part-000.msgpack.zstf")
+
+
+def test_a_local_shard_is_opened_when_it_is_reached(local_dataset, monkeypatch):
+    """A local read costs less than handing its first record over from another thread: no
+    read is requested ahead, so each shard opens after the one before it ends."""
+    import syvain_training_data.loading.dataset as dataset_module
+
+    client, uri = local_dataset
+    events: list[str] = []
+    real_read_records = dataset_module.read_records
+
+    def recording_read_records(data_format, shard, *rest):
+        events.append(f"open {shard.uri}")
+        yield from real_read_records(data_format, shard, *rest)
+        events.append(f"end {shard.uri}")
+
+    monkeypatch.setattr(dataset_module, "read_records", recording_read_records)
+    dataset = client.split_data_loader(uri, as_list).load("train", "easy").dataset
+    assert sum(1 for _ in dataset) and len(events) >= 4
+    assert all(
+        opened.startswith("open ") and ended == "end " + opened[5:]
+        for opened, ended in zip(events[::2], events[1::2], strict=True)
+    ), events
 
 
 # --- after a finished pass, without torch, across schemes ------------------------------------

@@ -238,6 +238,7 @@ class FilteredDataset(PositionDataset):
             self.read_plan.mixed(epoch),
             part,
             lambda r: counters.watch(self._tagged(r, indexes)),
+            prefetch=self.prefetches,
         )
         return self._kept(records, part, epoch, worker, counters)
 

@@ -10,13 +10,13 @@ interleaving (``block_order``), so a worker holds a window's read buffers, never
 from __future__ import annotations
 
 import itertools
-import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from syvain_training_data.loading.block_order import Window, window_counts
 from syvain_training_data.loading.mixing import MixedOrder
 from syvain_training_data.loading.plan import Order, StreamOrder
+from syvain_training_data.loading.prefetch import Prefetch
 from syvain_training_data.loading.schedule import ScheduledOrder
 
 __all__ = ["ShardRange", "consumer_records"]
@@ -26,47 +26,23 @@ ShardRange = tuple[int, int, int]
 OpenRange = Callable[[ShardRange], Iterator[Any]]
 
 
-class _Prefetch:
-    """Iterates ``records``, whose first record a background thread starts fetching at once.
-
-    The store's reader releases the GIL while it waits, so the request overlaps the current
-    range's decoding; an error surfaces when the records are reached, as without prefetch."""
-
-    def __init__(self, records: Iterator[Any]) -> None:
-        self._records = records
-        self._first: list[Any] = []
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._prime, daemon=True)
-        self._thread.start()
-
-    def _prime(self) -> None:
-        try:
-            self._first = [next(self._records)]
-        except StopIteration:
-            pass
-        except BaseException as error:  # re-raised in the consumer
-            self._error = error
-
-    def __iter__(self) -> Iterator[Any]:
-        self._thread.join()
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-        yield from self._first
-        yield from self._records
-
-
 def _read_ranges(ranges: Iterable[ShardRange], open_range: OpenRange) -> Iterator[Any]:
     """The records of ``ranges`` in order, one range ahead requested in the background.
     ``ranges`` is taken lazily, one ahead of the range being read."""
     pending = iter(ranges)
     upcoming = next(pending, None)
-    prefetched: _Prefetch | None = None
+    prefetched: Prefetch | None = None
     while upcoming is not None:
-        current = prefetched or _Prefetch(open_range(upcoming))
+        current = prefetched or Prefetch(open_range(upcoming))
         upcoming = next(pending, None)
-        prefetched = None if upcoming is None else _Prefetch(open_range(upcoming))
+        prefetched = None if upcoming is None else Prefetch(open_range(upcoming))
         yield from current
+
+
+def _read_ranges_in_place(ranges: Iterable[ShardRange], open_range: OpenRange) -> Iterator[Any]:
+    """The records of ``ranges`` in order, each range opened when it is reached."""
+    for shard_range in ranges:
+        yield from open_range(shard_range)
 
 
 def _merge_ranges(pieces: Iterable[ShardRange]) -> Iterator[ShardRange]:
@@ -88,6 +64,7 @@ def _stream_records(
     shard_ids: Sequence[int],
     positions: Sequence[tuple[int, int]],
     open_range: OpenRange,
+    prefetch: bool,
 ) -> Iterator[Any]:
     """Records at ``positions`` (ascending [start, stop) intervals) of one stream's order."""
     if isinstance(order, StreamOrder):
@@ -96,24 +73,35 @@ def _stream_records(
             for start, stop in positions
             for k, a, b in order.segments(start, stop)
         )
-        yield from _read_ranges(_merge_ranges(pieces), open_range)
+        read = _read_ranges if prefetch else _read_ranges_in_place
+        yield from read(_merge_ranges(pieces), open_range)
         return
     for start, stop in positions:
         for window, low, high in order.windows(start, stop):
-            yield from _window_records(window, low, high, shard_ids, open_range)
+            yield from _window_records(window, low, high, shard_ids, open_range, prefetch)
 
 
 def _window_records(
-    window: Window, low: int, high: int, shard_ids: Sequence[int], open_range: OpenRange
+    window: Window,
+    low: int,
+    high: int,
+    shard_ids: Sequence[int],
+    open_range: OpenRange,
+    prefetch: bool,
 ) -> Iterator[Any]:
     """The records at positions [low, high) of ``window``: one range read per block, all
-    requested at once, taken in the window's interleaving."""
+    requested at once (with ``prefetch``; else each opened when first reached), taken in the
+    window's interleaving."""
     before = window_counts(window, low)
     until = window_counts(window, high)
     reads: list[Iterator[Any] | None] = []
     for (shard, first, _), a, b in zip(window.blocks, before, until, strict=True):
         wanted = (shard_ids[shard], first + a, first + b)
-        reads.append(iter(_Prefetch(open_range(wanted))) if b > a else None)
+        if b > a:
+            records = open_range(wanted)
+            reads.append(iter(Prefetch(records)) if prefetch else records)
+        else:
+            reads.append(None)
     if window.labels is None:  # one block, in order
         if reads[0] is not None:
             yield from reads[0]
@@ -136,14 +124,17 @@ def consumer_records(
     mixed: MixedOrder | ScheduledOrder | None,
     intervals: Sequence[tuple[int, int]],
     open_range: OpenRange,
+    prefetch: bool = True,
 ) -> Iterator[Any]:
     """The records of epoch ``intervals`` (mixed positions when ``mixed``), in epoch order.
 
     ``shard_ids[s][k]`` is the table index of stream s's k-th shard. Each stream's records of
     an interval are contiguous in its order; ``mixed.labels`` says which stream each position
-    takes."""
+    takes. ``prefetch``: each range's first record is requested in the background before it is
+    reached (for stores where a request waits on the network; a local file's reads cost less
+    than the hand-off to another thread)."""
     if mixed is None:
-        yield from _stream_records(orders[0], shard_ids[0], intervals, open_range)
+        yield from _stream_records(orders[0], shard_ids[0], intervals, open_range, prefetch)
         return
     bounds = [(mixed.prefix(start), mixed.prefix(stop)) for start, stop in intervals]
     streams = [
@@ -152,6 +143,7 @@ def consumer_records(
             shard_ids[s],
             [(low[s], high[s]) for low, high in bounds if high[s] > low[s]],
             open_range,
+            prefetch,
         )
         for s, order in enumerate(orders)
     ]

@@ -36,7 +36,13 @@ from syvain_training_data.formats.shard_index import (
 )
 from syvain_training_data.loading.learned_offsets import LearnedOffsets
 from syvain_training_data.manifest import ManifestShard
-from syvain_training_data.storage import StorageConfig, get_object, head_object, open_stream
+from syvain_training_data.storage import (
+    StorageConfig,
+    get_object,
+    head_object,
+    open_stream,
+    read_range,
+)
 from syvain_training_data.uris import portable_etag
 
 __all__ = ["ShardIndexes", "has_index", "index_problem", "read_index_bytes", "shard_version"]
@@ -77,10 +83,9 @@ def read_index_bytes(
     config: StorageConfig | None,
 ) -> bytes:
     """Bytes [start, end) of the index object at ``uri``; its size must be the layout's."""
-    with open_stream(
+    return read_range(
         uri, size_bytes=layout.object_size, start=start, end=end, storage_config=config
-    ) as stream:
-        return b"".join(stream)
+    )
 
 
 def has_index(
@@ -158,14 +163,18 @@ class ShardIndexes:
         layout = index_layout(self.data_format, shard)
         if isinstance(layout, GzipIndexLayout):
             return self._entered(shard, layout, start, stop)
-        if not self._names_its_shard(shard):
+        first, end = layout.entries_for(start, stop)
+        low, high = layout.byte_range(first, end)
+        # Entries right after the header come with it on the index's first read: one request.
+        usable, read = self._names_its_shard(shard, high if low == layout.header_size else 0)
+        if not usable:
             return self._learned(shard).segment(start, stop)
         uri = index_uri(shard.uri, self.index_root)
-        first, end = layout.entries_for(start, stop)
         try:
-            data = read_index_bytes(
-                uri, layout, *layout.byte_range(first, end), self.storage_config
-            )
+            if len(read) >= high:
+                data = read[low:high]
+            else:
+                data = read_index_bytes(uri, layout, low, high, self.storage_config)
             return layout.segment(first, array("q", data), start, stop)
         except StorageRetryExhaustedError:
             raise
@@ -180,13 +189,14 @@ class ShardIndexes:
         """A jsonl.gz segment from the access points around [start, stop): the first one's
         entry (with its window) and the last one's end; None (read from the shard's start)
         when the shard has no index that names it."""
-        if not self._names_its_shard(shard):
+        if not self._names_its_shard(shard)[0]:
             return None
         uri = index_uri(shard.uri, self.index_root)
         with self._lock:
             sized = self._gzip_layouts.get(shard.uri)
         if sized is None:  # forgotten since it was checked: check again
-            return None if not self._check(shard) else self._entered(shard, layout, start, stop)
+            usable = self._check(shard)[0]
+            return self._entered(shard, layout, start, stop) if usable else None
         layout = sized
         first, last = layout.entry_of(start), layout.entry_of(stop - 1)
         try:
@@ -221,45 +231,54 @@ class ShardIndexes:
             self._learned_offsets.move_to_end(shard.uri)
             return learned
 
-    def _names_its_shard(self, shard: ManifestShard) -> bool:
+    def _names_its_shard(self, shard: ManifestShard, until: int = 0) -> tuple[bool, bytes]:
+        """Whether ``shard``'s index names it, checked once per shard; when this call checks
+        it, also the index's bytes it read, up to ``until`` (at least its header)."""
         with self._lock:
             known = self._usable.get(shard.uri)
             checking = self._checking.setdefault(shard.uri, threading.Lock())
         if known is not None:
-            return known
+            return known, b""
+        read = b""
         with checking:  # one check per shard, whatever number of its blocks a window reads
             with self._lock:
                 known = self._usable.get(shard.uri)
             if known is None:
-                known = self._check(shard)
+                known, read = self._check(shard, until)
             with self._lock:
                 self._checking.pop(shard.uri, None)
-        return known
+        return known, read
 
-    def _check(self, shard: ManifestShard) -> bool:
+    def _check(self, shard: ManifestShard, until: int = 0) -> tuple[bool, bytes]:
+        """Whether ``shard``'s index names it, and the index's bytes read to tell (its header,
+        or up to ``until`` when that is further)."""
         uri = index_uri(shard.uri, self.index_root)
         layout = index_layout(self.data_format, shard)
+        read = b""
         try:
             layout = sized_layout(self.data_format, shard, uri, self.storage_config)
-            header = read_index_bytes(uri, layout, 0, layout.header_size, self.storage_config)
-            problem = layout.header_problem(header, shard_version(shard, self.storage_config))
+            end = max(layout.header_size, min(until, layout.object_size))
+            read = read_index_bytes(uri, layout, 0, end, self.storage_config)
+            problem = layout.header_problem(
+                read[: layout.header_size], shard_version(shard, self.storage_config)
+            )
         except FileNotFoundError:
             self._remember(shard.uri, False)
-            return False
+            return False, b""
         except StorageRetryExhaustedError:
             raise
         except (PermissionError, StorageError, ValueError) as error:
             problem = str(error)
         if problem is not None:
             self._set_unusable(shard, uri, problem)
-            return False
+            return False, b""
         if isinstance(layout, GzipIndexLayout):
             with self._lock:
                 self._gzip_layouts[shard.uri] = layout
                 if len(self._gzip_layouts) > REMEMBERED:
                     del self._gzip_layouts[next(iter(self._gzip_layouts))]
         self._remember(shard.uri, True)
-        return True
+        return True, read
 
     def _set_unusable(self, shard: ManifestShard, uri: str, problem: str) -> None:
         with self._lock:

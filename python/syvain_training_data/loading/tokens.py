@@ -166,6 +166,7 @@ class TokenDataset(PositionDataset):
                 mixed,
                 part,
                 lambda r: counters.watch(tagged_records(self, r, indexes)),
+                prefetch=self.prefetches,
             )
             runs = self._kept_runs(records, self.keep)
         else:
@@ -175,6 +176,7 @@ class TokenDataset(PositionDataset):
                 mixed,
                 part,
                 lambda r: counters.watch(open_range(r, indexes)),
+                prefetch=self.prefetches,
             )
         cut_at = token_plan.cuts_by_index(part, cuts)
         packer: RowPacker | BlockPacking

@@ -251,6 +251,24 @@ impl NativeStorage {
         Ok(ParquetBatchReader::new(batches))
     }
 
+    /// Bytes `[start, end)` (`start < end`) of an immutable object of `size_bytes` bytes, read
+    /// whole: a local file's by one read, without a stream (small reads, such as index
+    /// entries); held to `etag` as `open_stream` is.
+    #[pyo3(signature = (uri, size_bytes, *, start, end, etag=None))]
+    fn read_range<'py>(
+        &self,
+        py: Python<'py>,
+        uri: &str,
+        size_bytes: u64,
+        start: u64,
+        end: u64,
+        etag: Option<String>,
+    ) -> BindingResult<Bound<'py, PyBytes>> {
+        let bytes =
+            (self.storage).read_range(&PythonCaller(py), uri, size_bytes, etag, start, end)?;
+        Ok(PyBytes::new(py, &bytes))
+    }
+
     /// A resumable stream over bytes `[start, end)` (default: to the end) of an immutable
     /// object of known size; `readahead_bytes` as for `open_shard`.
     #[pyo3(signature = (uri, size_bytes, *, etag=None, start=0, end=None, readahead_bytes=None))]

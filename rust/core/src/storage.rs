@@ -212,6 +212,53 @@ impl Storage {
         Ok(Box::new(LocalShardSource::new(path, request, factory)))
     }
 
+    /// Bytes `[start, end)` (`start < end`) of an immutable object that must still have
+    /// `size` bytes, read whole: a local file's by one read in the calling thread (no runtime
+    /// task, no stream: a few index entries cost a `pread`), another store's by a resumable
+    /// stream, held to `etag` as [`Storage::stream_range`] holds it.
+    pub fn read_range<C: Caller>(
+        &self,
+        caller: &C,
+        uri: &str,
+        size: u64,
+        etag: Option<String>,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<u8>, C::Error> {
+        check_segment(uri, size, Some((start, end)))?;
+        let location = Location::parse(uri, false)?;
+        let mut bytes = Vec::new();
+        let Location::File { path } = &location else {
+            let mut reader = self.stream_range(uri, size, etag, start, end, None, None)?;
+            while let Some(chunk) = crate::caller::next_chunk(caller, &mut reader)? {
+                bytes.extend_from_slice(&chunk);
+            }
+            return Ok(bytes);
+        };
+        let path = std::path::PathBuf::from(path);
+        refuse_special_file(&path, true)?;
+        let request = StreamRequest {
+            uri: uri.to_string(),
+            path: location.object_path(),
+            size,
+            etag: None,
+            require_etag: false,
+            start,
+            end,
+            format: None,
+            policy: policy::current(),
+            readahead: readahead_bound(None)?,
+        };
+        let mut source = LocalShardSource::new(path, request, self.factory(&location)?);
+        caller.blocking(|| -> NativeResult<()> {
+            while let Some(chunk) = source.next_chunk()? {
+                bytes.extend_from_slice(&chunk);
+            }
+            Ok(())
+        })?;
+        Ok(bytes)
+    }
+
     /// The whole object. NotFound if it does not exist.
     pub fn get<C: Caller>(&self, caller: &C, uri: &str) -> Result<bytes::Bytes, C::Error> {
         let location = Location::parse(uri, false)?;

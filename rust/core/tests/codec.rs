@@ -289,3 +289,48 @@ fn a_count_that_disagrees_with_the_manifest_fails_the_columnar_read() {
     let reason = failed.expect("a count failure");
     assert!(reason.contains("declared 11 records"), "{reason}");
 }
+
+/// A small read of an immediate source (a block of a seeded window) is decoded in the calling
+/// thread batch by batch, whatever record it starts at: the same records as a whole read.
+#[test]
+fn a_small_immediate_read_decodes_any_range_in_the_calling_thread() {
+    for format in [ShardFormat::MsgpackZstf, ShardFormat::JsonlGz] {
+        let shard = encode(format, 1500, 64);
+        assert!(
+            shard.len() < 256 * 1024,
+            "inline-sized: {} bytes",
+            shard.len()
+        );
+        let expected: Vec<Vec<u8>> = (0..1500)
+            .map(|i| match format {
+                ShardFormat::MsgpackZstf => msgpack_record(i),
+                ShardFormat::JsonlGz => json_record(i),
+            })
+            .collect();
+        for (start, stop) in [
+            (0, 1500),
+            (0, 1),
+            (1, 2),
+            (250, 500),
+            (700, 1500),
+            (1499, 1500),
+        ] {
+            let range = RecordRange::new(1500, start, Some(stop)).unwrap();
+            let decoder = Decoder::start(
+                format,
+                "mem://shard",
+                source(&shard, 4096),
+                shard.len() as u64,
+                range,
+            )
+            .unwrap();
+            let (records, failure) = decode_all(decoder);
+            assert!(failure.is_none(), "{format:?} {start}..{stop}");
+            assert_eq!(
+                records,
+                expected[start as usize..stop as usize],
+                "{format:?} {start}..{stop}"
+            );
+        }
+    }
+}

@@ -23,6 +23,11 @@ const BATCH_BYTES: usize = 4 << 20;
 /// BATCH_RECORDS: the first record reaches the caller as soon as it is decoded (an open costs
 /// one record, not 512), while the steady state keeps its large batches.
 const FIRST_BATCH_RECORDS: usize = 1;
+/// A read of at most this many bytes of an immediate source (a block of a seeded window, a
+/// small local shard) is decoded entirely in the calling thread: a thread of its own cost
+/// more to start and to hand batches over than the whole decoding, and a window starts up to
+/// 127 such reads at once.
+const INLINE_BYTES: u64 = 256 * 1024;
 const BATCH_GROWTH: usize = 4;
 
 /// Validated payloads back to back in `data`, payload `i` ending at `ends[i]`; `next` is the
@@ -87,6 +92,8 @@ pub struct Decoder {
     /// The producer and its sender, not started yet: a local shard's first batch was decoded
     /// in the calling thread, and its thread starts when the reader asks for more.
     idle: Mutex<Option<(Producer, SyncSender<Message>)>>,
+    /// Every batch is decoded in the calling thread (a small read of an immediate source).
+    inline: bool,
 }
 
 impl Decoder {
@@ -96,9 +103,11 @@ impl Decoder {
     /// A range from the first record of a source whose bytes never wait on the network
     /// ([`ByteSource::is_immediate`]: a local file, memory) has its first batch (one record)
     /// decoded here, and its thread starts only when the reader asks for the next: a shard's
-    /// first record then costs no thread start and no hand-off. Everything else is decoded on a
-    /// thread started at once, so that skipping to a later first record (reading what comes
-    /// before it) never holds up the caller where it cannot be interrupted.
+    /// first record then costs no thread start and no hand-off. Such a source of at most
+    /// `INLINE_BYTES` is decoded here to its end, batch by batch as the reader asks, whatever
+    /// its first record: skipping within it is short. Everything else is decoded on a thread
+    /// started at once, so that skipping to a later first record (reading what comes before
+    /// it) never holds up the caller where it cannot be interrupted.
     pub fn start(
         format: ShardFormat,
         uri: &str,
@@ -119,7 +128,8 @@ impl Decoder {
         range: RecordRange,
         entry: Option<&GzipEntry>,
     ) -> NativeResult<Decoder> {
-        let immediate = source.is_immediate() && range.start == 0;
+        let inline = source.is_immediate() && size_bytes <= INLINE_BYTES;
+        let immediate = inline || source.is_immediate() && range.start == 0;
         let mut producer = Producer::new(format, source, size_bytes, range, entry);
         let (sender, receiver) = sync_channel(CHANNEL_BATCHES);
         let mut decoder = Decoder {
@@ -127,6 +137,7 @@ impl Decoder {
             uri: uri.to_string(),
             receiver: Mutex::new(receiver),
             idle: Mutex::new(None),
+            inline,
         };
         if !immediate {
             decoder.start_thread(producer, sender)?;
@@ -172,8 +183,17 @@ impl Decoder {
             .get_mut()
             .unwrap_or_else(|p| p.into_inner())
             .take();
-        if let Some((producer, sender)) = idle {
-            self.start_thread(producer, sender)?;
+        match idle {
+            Some((mut producer, sender)) if self.inline => {
+                let message = caller.blocking(|| guarded(|| producer.next_message()));
+                if matches!(message, Some(Message::Batch(_))) {
+                    *self.idle.get_mut().unwrap_or_else(|p| p.into_inner()) =
+                        Some((producer, sender));
+                }
+                return Ok(message);
+            }
+            Some((producer, sender)) => self.start_thread(producer, sender)?,
+            None => {}
         }
         receive(caller, &self.receiver)
     }
