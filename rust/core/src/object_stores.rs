@@ -15,6 +15,7 @@ use object_store::{ClientOptions, ObjectStore, RetryConfig, StaticCredentialProv
 use crate::credentials::{AwsCredentialProvider, ChainProvider};
 use crate::error::{NativeError, NativeResult};
 use crate::policy::Policy;
+use crate::retry_after::RetryAfterConnector;
 
 /// Connection settings for s3:// URIs. The secret and the session token never appear in
 /// `Debug` or any message.
@@ -410,6 +411,7 @@ fn build_gcs(
         .with_bucket_name(bucket)
         .with_skip_signature(config.skip_signature)
         .with_client_options(client_options)
+        .with_http_connector(RetryAfterConnector)
         .with_retry(no_retries(policy));
     let store = builder.build().map_err(|e| {
         NativeError::Config(format!(
@@ -447,6 +449,7 @@ fn build_http(origin: &str, hub: bool, policy: &Policy) -> NativeResult<Arc<dyn 
     let store = HttpBuilder::new()
         .with_url(origin)
         .with_client_options(client_options)
+        .with_http_connector(RetryAfterConnector)
         .with_retry(no_retries(policy))
         .build()
         .map_err(|e| NativeError::Config(format!("{origin}: invalid HTTP configuration: {e}")))?;
@@ -501,6 +504,7 @@ fn build_s3(
         .with_credentials(credentials)
         .with_skip_signature(config.skip_signature)
         .with_client_options(client_options)
+        .with_http_connector(RetryAfterConnector)
         .with_retry(retry)
         .with_conditional_put(S3ConditionalPut::ETagMatch)
         .with_virtual_hosted_style_request(config.virtual_hosted_style_request);
