@@ -88,20 +88,20 @@ def test_reads_are_held_to_the_etag_the_server_gave(server):
         b"".join(stream)
 
 
-def test_a_server_without_etags_is_refused_at_once(server, tmp_path):
+def test_a_server_without_etags_or_dates_is_refused_at_once(server, tmp_path):
     server.paths["/plain/a.bin"] = b"x" * 1000
-    server.etags = False
+    server.etags = server.last_modified = False
     try:
         started = time.monotonic()
         with (
-            pytest.raises(ValueError, match="no ETag") as raised,
+            pytest.raises(ValueError, match="neither an ETag nor a Last-Modified") as raised,
             open_stream(f"{server.origin}/plain/a.bin", size_bytes=1000) as stream,
         ):
             b"".join(stream)
         assert f"{server.origin}/plain/a.bin" in str(raised.value)
         assert time.monotonic() - started < 5  # refused, not retried
     finally:
-        server.etags = True
+        server.etags = server.last_modified = True
 
 
 def test_a_server_that_ignores_range_serves_whole_reads_and_refuses_resumed_ones(server):
