@@ -96,13 +96,19 @@ class SyvainTrainingData:
 
     @classmethod
     def from_env(
-        cls, environ: Mapping[str, str] | None = None, *, picklable_secret: bool = False
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        picklable_secret: bool = False,
+        allow_http: bool = False,
     ) -> SyvainTrainingData:
         """A client from the standard AWS variables: AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL,
         AWS_REGION or AWS_DEFAULT_REGION (default us-east-1), and the first of:
         AWS_SKIP_SIGNATURE=true (unsigned requests); AWS_ACCESS_KEY_ID and
         AWS_SECRET_ACCESS_KEY (with AWS_SESSION_TOKEN); AWS_PROFILE (through botocore, the
-        ``aws`` extra); otherwise the default chain, resolved when a request is signed."""
+        ``aws`` extra); otherwise the default chain, resolved when a request is signed. The
+        Hub's token is ``HF_TOKEN`` (read when an hf:// store is built); ``allow_http`` as
+        for the constructor."""
         env = os.environ if environ is None else environ
         skip = (env.get("AWS_SKIP_SIGNATURE") or "").strip().lower() in {"1", "true", "yes"}
         key_id = None if skip else env.get("AWS_ACCESS_KEY_ID") or None
@@ -120,6 +126,7 @@ class SyvainTrainingData:
             skip_signature=skip,
             profile=None if skip or keys else env.get("AWS_PROFILE") or None,
             picklable_secret=picklable_secret,
+            allow_http=allow_http,
         )
         check_storage_config(client._storage_config)
         return client

@@ -6,6 +6,7 @@ object changes; a server with neither an ETag nor a Last-Modified is refused at 
 
 from __future__ import annotations
 
+import io
 import random
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from fault_proxy import FaultProxy
 from https_server import DEFAULT_MODIFIED, HttpsServer, serve_http
 from resumed_reads import as_list, interrupted_and_resumed
 from syvain_training_data import ObjectChangedError, SyvainTrainingData
+from syvain_training_data.cli import main
 from syvain_training_data.storage import (
     StorageConfig,
     get_object,
@@ -104,6 +106,16 @@ def test_a_dataset_over_plain_http_loads_and_resumes_with_the_opt_in(server, tmp
     assert "allow_http=True" in repr(client)
     seen = interrupted_and_resumed(client, uri, "i", seed=3, batches_before=6)
     assert sorted(seen) == list(range(len(RECORDS)))
+
+
+def test_the_command_line_reads_http_with_allow_http(server, tmp_path):
+    uri = publish(server, tmp_path, "/cli")
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["inspect", uri], environ={}, stdout=out, stderr=err) == 2
+    assert "pass --allow-http" in err.getvalue() and uri in err.getvalue()
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["--allow-http", "inspect", uri], environ={}, stdout=out, stderr=err) == 0
+    assert str(len(RECORDS)) in out.getvalue()
 
 
 def test_an_http_manifest_names_shards_of_its_own_scheme_and_host_only(server, tmp_path):
