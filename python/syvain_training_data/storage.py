@@ -307,11 +307,20 @@ _NEW_FIELDS: Final[dict[str, Any]] = {
 
 def _reduce_for_processes(config: StorageConfig) -> tuple[Any, ...]:
     """How ``ForkingPickler`` (process start, pool queues, pipes) pickles a config: with its
-    secret and session token, since those bytes go straight to another local process. A config
-    whose secret was already withheld goes as a plain pickle would (the receiver looks in its
-    environment)."""
-    withheld = config._secret_withheld or config._hf_token_withheld
-    state = config.__getstate__() if withheld else BaseModel.__getstate__(config)
+    secret, session token and Hub token, since those bytes go straight to another local
+    process. One already withheld stays withheld (the receiver looks in its environment)."""
+    state = BaseModel.__getstate__(config)
+    if config._secret_withheld or config._hf_token_withheld:
+        state["__pydantic_private__"] = {
+            **(state.get("__pydantic_private__") or {}),
+            "_secret_withheld": False,
+            "_token_withheld": False,
+            "_hf_token_withheld": False,
+        }
+        if config._secret_withheld:
+            state[_WITHHELD] = _TOKEN if config._token_withheld else True
+        if config._hf_token_withheld:
+            state[_HF_WITHHELD] = True
     return (_restore, (type(config), state))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pickle
 import time
 from collections.abc import Iterator
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -268,6 +269,10 @@ def test_the_hub_token_never_shows(hub, monkeypatch):
     with pytest.raises(ValueError, match="HF_TOKEN") as withheld:
         get_object("hf://datasets/org/shut/a.json", storage_config=without)
     assert EXPLICIT_TOKEN not in str(withheld.value)
+    # multiprocessing's pickler carries it to worker processes (a withheld one stays withheld).
+    assert EXPLICIT_TOKEN.encode() in bytes(ForkingPickler.dumps(config))
+    assert EXPLICIT_TOKEN.encode() not in bytes(ForkingPickler.dumps(without))
+    assert pickle.loads(ForkingPickler.dumps(without))._hf_token_withheld
     kept = StorageConfig.create(hf_token=EXPLICIT_TOKEN, picklable_secret=True)
     assert pickle.loads(pickle.dumps(kept)).hf_token.get_secret_value() == EXPLICIT_TOKEN
     with pytest.raises(ValueError, match="hf_token is empty"):
