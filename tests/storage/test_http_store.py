@@ -20,6 +20,8 @@ from https_server import DEFAULT_MODIFIED, HttpsServer, serve_http
 from resumed_reads import as_list, interrupted_and_resumed
 from syvain_training_data import ObjectChangedError, SyvainTrainingData
 from syvain_training_data.cli import main
+from syvain_training_data.formats.parquet.reader import open_native
+from syvain_training_data.manifest import ManifestShard
 from syvain_training_data.storage import (
     StorageConfig,
     get_object,
@@ -201,6 +203,36 @@ def test_an_object_replaced_mid_read_fails_closed(versions, proxy, new_date, how
                 received += chunk
     assert uri in str(raised.value), how
     assert data.startswith(bytes(received)) and len(received) < len(data)
+
+
+@pytest.mark.parametrize("change", ["touched", "rewritten"])
+def test_a_parquet_read_holds_its_pages_to_the_version_of_its_footer(versions, change):
+    # Several streams read one Parquet file (the footer at open, then the pages): each is held
+    # to the version the first saw, by Last-Modified (a later date on the same bytes) or by
+    # ETag (a byte of a page changed, the size kept).
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    rows = 20_000
+    texts = [random.Random(i).randbytes(60).hex() for i in range(rows)]
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"i": range(rows), "text": texts}), sink, row_group_size=5000)
+    path = f"/pq/{change}.parquet"
+    versions.paths[path] = data = sink.getvalue()
+    versions.modified[path] = DEFAULT_MODIFIED
+    versions.etags = change == "rewritten"
+    shard = ManifestShard(uri=f"{versions.origin}{path}", records=rows, size_bytes=len(data))
+    reader = open_native(shard, ALLOW, 0, None, None, None)  # the footer is read here
+    if change == "touched":
+        versions.modified[path] = "Tue, 08 Dec 2026 10:00:00 GMT"
+    else:
+        changed = bytearray(data)
+        changed[len(data) // 3] ^= 0xFF
+        versions.paths[path] = bytes(changed)
+    version = "Last-Modified" if change == "touched" else "etag"
+    with pytest.raises(ObjectChangedError, match=version) as raised:
+        for _ in reader:
+            pass
+    assert shard.uri in str(raised.value)
 
 
 def test_a_server_with_neither_etag_nor_last_modified_is_refused_at_once(versions):

@@ -15,7 +15,8 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 
 use super::{
-    extent, permits_for, Shared, StoreFactory, StreamRequest, COALESCE_BYTES, FIRST_FILE_READ,
+    extent, permits_for, Shared, StoreFactory, StreamRequest, Version, COALESCE_BYTES,
+    FIRST_FILE_READ,
 };
 use crate::caller::retry_message;
 use crate::classify::{
@@ -141,9 +142,9 @@ enum Attempt {
 impl Producer {
     pub(super) async fn run(self) {
         let mut offset = self.request.start;
-        let mut pin = Pin {
+        let mut pin = Version {
             etag: self.request.etag.clone(),
-            modified: None,
+            modified: self.request.modified,
         };
         let mut budget = Budget::new(self.request.policy);
         let mut store = None;
@@ -276,7 +277,7 @@ impl Producer {
         &self,
         store: Arc<dyn ObjectStore>,
         offset: &mut u64,
-        pin: &mut Pin,
+        pin: &mut Version,
         budget: &mut Budget,
         plain: bool,
     ) -> Result<Attempt, AttemptFailure> {
@@ -329,6 +330,7 @@ impl Producer {
                 .into());
         }
         pin.check(&request.uri, &response.meta, request.require_etag)?;
+        *self.shared.pinned.lock().unwrap_or_else(|p| p.into_inner()) = Some(pin.clone());
         // Neither a local file's piece nor a merged chunk grows past the readahead bound.
         let largest = COALESCE_BYTES.min(request.readahead);
         let mut body = body_stream(response, largest);
@@ -428,17 +430,18 @@ impl Producer {
     }
 }
 
-/// The version a read is held to: the object's ETag (If-Match), or, from a web server that
-/// gives none, its Last-Modified (If-Unmodified-Since, and every response's Last-Modified must
-/// equal it), so that a resumed read never joins bytes of two versions.
-struct Pin {
-    etag: Option<String>,
-    modified: Option<DateTime<Utc>>,
-}
+impl Version {
+    /// Whether `seen` (the version another stream over the object was held to) is this one.
+    pub fn holds(&self, seen: &Version) -> bool {
+        match (&self.etag, &seen.etag) {
+            (Some(held), Some(seen)) => same_etag(held, seen),
+            (None, None) => self.modified == seen.modified,
+            _ => false,
+        }
+    }
 
-impl Pin {
     /// What the read is held to, for a changed-object error (`None`: nothing yet).
-    fn describe(&self) -> Option<String> {
+    pub fn describe(&self) -> Option<String> {
         match (&self.etag, &self.modified) {
             (Some(etag), _) => Some(format!("etag {etag:?}")),
             (None, Some(modified)) => Some(format!("Last-Modified {}", http_date(modified))),
@@ -491,7 +494,7 @@ impl Pin {
 }
 
 /// A date as HTTP writes it (RFC 7231's IMF-fixdate).
-fn http_date(date: &DateTime<Utc>) -> String {
+pub(super) fn http_date(date: &DateTime<Utc>) -> String {
     date.format("%a, %d %b %Y %H:%M:%S GMT").to_string()
 }
 
@@ -517,8 +520,8 @@ mod tests {
         }
     }
 
-    fn unpinned() -> Pin {
-        Pin {
+    fn unpinned() -> Version {
+        Version {
             etag: None,
             modified: None,
         }
@@ -542,6 +545,25 @@ mod tests {
         assert!(earlier.unwrap().ends_with(" GMT"));
         // A date pinned first is kept even if an ETag shows up later.
         assert!(changed(pin.check("u", &meta(Some("\"a\""), 5), true)).is_some());
+    }
+
+    #[test]
+    fn a_version_holds_only_the_same_etag_or_date() {
+        let date = |s: i64| Some(Utc.timestamp_opt(s, 0).unwrap());
+        let tagged = |e: &str, m| Version {
+            etag: Some(e.to_string()),
+            modified: m,
+        };
+        let dated = |m| Version {
+            etag: None,
+            modified: m,
+        };
+        assert!(tagged("\"a\"", None).holds(&tagged("a", date(9))));
+        assert!(!tagged("\"a\"", None).holds(&tagged("\"b\"", None)));
+        assert!(!tagged("\"a\"", None).holds(&dated(date(9))));
+        assert!(dated(date(9)).holds(&dated(date(9))));
+        assert!(!dated(date(9)).holds(&dated(date(8))));
+        assert!(!dated(date(9)).holds(&tagged("a", date(9))));
     }
 
     #[test]
