@@ -1,5 +1,6 @@
 """Faults between our client and the read-only web store (a plain-HTTP server on loopback,
-read with ``allow_http``) and the gs:// store (fake-gcs-server), injected by our fault proxy
+read with ``allow_http``, as http:// URIs and as a gated hf:// repository at an ``HF_ENDPOINT``
+mirror) and the gs:// store (fake-gcs-server), injected by our fault proxy
 (tests/fault_proxy.py), which speaks plain HTTP/1.1: a reset mid-body is resumed by range with
 the exact bytes and records, 5xx and 429 (with Retry-After) are retried and then succeed, a
 persistent 5xx fails naming the object without hanging, and a stalled body is reopened."""
@@ -30,6 +31,8 @@ MIB = 1024 * 1024
 DATA = random.Random(37).randbytes(6 * MIB)
 RECORDS = [{"i": i, "text": random.Random(i).randbytes(700).hex()} for i in range(4500)]
 FAST_BACKOFF = {"backoff_base_s": 0.01, "backoff_cap_s": 0.05}
+HUB_FILES = "/datasets/org/corpus/resolve/main/objects"
+HUB_TOKEN = "hf_fault_test_token"
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -67,8 +70,10 @@ def shard_bytes(tmp_path_factory) -> bytes:
 @pytest.fixture(scope="module")
 def web(shard_bytes) -> Iterator[HttpsServer]:
     with serve_http() as server:
-        server.paths["/objects/big.bin"] = DATA
-        server.paths["/objects/part.jsonl.gz"] = shard_bytes
+        for base in ("/objects", HUB_FILES):
+            server.paths[f"{base}/big.bin"] = DATA
+            server.paths[f"{base}/part.jsonl.gz"] = shard_bytes
+        server.tokens[HUB_FILES] = HUB_TOKEN  # a gated repository
         yield server
 
 
@@ -88,7 +93,7 @@ def gcs(shard_bytes) -> Iterator[tuple[FaultProxy, str]]:
         yield proxy, bucket
 
 
-@pytest.fixture(params=["http", "gs"])
+@pytest.fixture(params=["http", "hf", "gs"])
 def store(request, web, gcs, shard_bytes, monkeypatch) -> Iterator[Store]:
     native_storage.cache_clear()
     size = len(shard_bytes)
@@ -96,6 +101,13 @@ def store(request, web, gcs, shard_bytes, monkeypatch) -> Iterator[Store]:
         proxy = FaultProxy("127.0.0.1", web.port).start()
         base = f"http://127.0.0.1:{proxy.port}/objects"
         config: StorageConfig | None = StorageConfig(allow_http=True)
+    elif request.param == "hf":
+        # The Hub's resolve URLs at a mirror (HF_ENDPOINT) behind the proxy, over plain HTTP.
+        proxy = FaultProxy("127.0.0.1", web.port).start()
+        monkeypatch.setenv("HF_ENDPOINT", proxy.endpoint)
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        base = "hf://datasets/org/corpus@main/objects"
+        config = StorageConfig.create(allow_http=True, hf_token=HUB_TOKEN)
     else:
         proxy, bucket = gcs
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.endpoint)
@@ -107,7 +119,7 @@ def store(request, web, gcs, shard_bytes, monkeypatch) -> Iterator[Store]:
         yield store
     finally:
         proxy.clear()
-        if request.param == "http":
+        if request.param != "gs":
             proxy.stop()
         native_storage.cache_clear()
 
@@ -130,7 +142,7 @@ def test_a_reset_mid_body_is_resumed_by_range(store, web, caplog):
     assert store.faults_applied == 2
     retries = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(retries) == 2 and all(store.big in message for message in retries)
-    if store.name == "http":
+    if store.name != "gs":
         ranges = [
             next((v for k, v in h.items() if k.lower() == "range"), None)
             for method, _, h in web.requests
@@ -175,6 +187,7 @@ def test_5xx_and_429_with_retry_after_are_retried_then_succeed(store, caplog):
     messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(messages) == 5
     assert any("429" in message for message in messages)
+    assert HUB_TOKEN not in caplog.text
 
 
 def test_a_persistent_5xx_fails_naming_the_object_without_hanging(store):
