@@ -55,14 +55,24 @@ def _free_port() -> int:
 
 
 @contextmanager
-def start_fake_gcs() -> Iterator[FakeGcs]:
-    port = _free_port()
+def start_fake_gcs(port: int | None = None, public_host: str | None = None) -> Iterator[FakeGcs]:
+    """The server on ``port`` (a free one by default). It serves object downloads by path only
+    to requests whose Host is ``public_host`` (its own address by default): a proxy in front of
+    it passes its own Host, so give the proxy's address there."""
+    port = port or _free_port()
     url = f"http://127.0.0.1:{port}"
     process = subprocess.Popen(
         [
             str(_get_binary_path()),
             *("-scheme", "http", "-backend", "memory", "-host", "127.0.0.1"),
-            *("-port", str(port), "-external-url", url, "-public-host", f"127.0.0.1:{port}"),
+            *(
+                "-port",
+                str(port),
+                "-external-url",
+                url,
+                "-public-host",
+                public_host or f"127.0.0.1:{port}",
+            ),
             *("-log-level", "error"),
         ],
         stdout=subprocess.DEVNULL,

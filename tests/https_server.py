@@ -1,16 +1,20 @@
 """A static file server over TLS on loopback, for the https:// and hf:// stores: HEAD and GET
-with Range (206 and Content-Range), ETag and Last-Modified, If-Match (412), and switches to
-misbehave as servers in the wild do (no ETag, Range ignored). Its certificate is signed by a
-test authority made here (``cryptography``), which a client trusts through ``SSL_CERT_FILE``.
+with Range (206 and Content-Range), ETag and Last-Modified, If-Match and If-Unmodified-Since
+(412), and switches to misbehave as servers in the wild do (no ETag, no Last-Modified, Range
+ignored). Its certificate is signed by a test authority made here (``cryptography``), which a
+client trusts through ``SSL_CERT_FILE``. ``serve_http`` serves the same over plain HTTP (for
+``allow_http``, and for the fault proxy, which speaks plain HTTP/1.1).
 
 ``paths`` maps a request path to its bytes (``/cdn/...`` included); ``redirects`` maps a path
 to another path it answers 302 with (as the Hub sends a resolve URL to its CDN); ``tokens``
-maps a path prefix to the bearer token it requires (a gated repository: 401 without it).
+maps a path prefix to the bearer token it requires (a gated repository: 401 without it);
+``modified`` maps a path to its Last-Modified date (``DEFAULT_MODIFIED`` otherwise).
 """
 
 from __future__ import annotations
 
 import datetime
+import email.utils
 import hashlib
 import ipaddress
 import ssl
@@ -26,7 +30,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-__all__ = ["HttpsServer", "make_certificates", "serve_https"]
+__all__ = ["DEFAULT_MODIFIED", "HttpsServer", "make_certificates", "serve_http", "serve_https"]
+
+DEFAULT_MODIFIED = "Mon, 07 Dec 2026 10:00:00 GMT"
 
 
 def _name(common: str) -> x509.Name:
@@ -107,13 +113,16 @@ class HttpsServer:
     paths: dict[str, bytes] = field(default_factory=dict)
     redirects: dict[str, str] = field(default_factory=dict)
     tokens: dict[str, str] = field(default_factory=dict)
+    modified: dict[str, str] = field(default_factory=dict)
     etags: bool = True
+    last_modified: bool = True
     ranges: bool = True
+    scheme: str = "https"
     requests: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
 
     @property
     def origin(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def etag(self, path: str) -> str:
         return '"' + hashlib.sha256(self.paths[path]).hexdigest()[:16] + '"'
@@ -122,6 +131,10 @@ class HttpsServer:
 def _handler(server: HttpsServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # The head and the body go out in separate writes: with Nagle's algorithm on, the body
+        # of a small answer waits for the client's delayed ACK (40 ms) on a kept-alive
+        # connection. Web servers set TCP_NODELAY (nginx's default), and so does this one.
+        disable_nagle_algorithm = True
 
         def log_message(self, format: str, *args: object) -> None:  # quiet
             pass
@@ -156,6 +169,15 @@ def _handler(server: HttpsServer) -> type[BaseHTTPRequestHandler]:
             expected = self.headers.get("If-Match")
             if expected is not None and server.etags and expected.strip() != etag:
                 return self._empty(412)
+            modified = server.modified.get(path, DEFAULT_MODIFIED)
+            since = self.headers.get("If-Unmodified-Since")
+            if (
+                since is not None
+                and server.last_modified
+                and email.utils.parsedate_to_datetime(modified)
+                > email.utils.parsedate_to_datetime(since)
+            ):
+                return self._empty(412)
             start, end, status = 0, len(data), 200
             wanted = self.headers.get("Range")
             if wanted and server.ranges and wanted.startswith("bytes="):
@@ -168,7 +190,8 @@ def _handler(server: HttpsServer) -> type[BaseHTTPRequestHandler]:
             self.send_response(status)
             self.send_header("Content-Length", str(end - start))
             self.send_header("Accept-Ranges", "bytes" if server.ranges else "none")
-            self.send_header("Last-Modified", "Mon, 07 Dec 2026 10:00:00 GMT")
+            if server.last_modified:
+                self.send_header("Last-Modified", modified)
             if server.etags:
                 self.send_header("ETag", etag)
             if status == 206:
@@ -184,13 +207,28 @@ def _handler(server: HttpsServer) -> type[BaseHTTPRequestHandler]:
 def serve_https(folder: Path, server: HttpsServer | None = None) -> Iterator[HttpsServer]:
     """Serves ``server`` over TLS on a free loopback port until the block ends; the test
     authority's certificate is ``folder / "ca.pem"``."""
-    server = server or HttpsServer()
     _, certificate, key = make_certificates(folder)
-    http = ThreadingHTTPServer(("127.0.0.1", 0), _handler(server))
-    http.daemon_threads = True
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(certificate, key)
-    http.socket = context.wrap_socket(http.socket, server_side=True)
+    with _serve(server or HttpsServer(), context) as running:
+        yield running
+
+
+@contextmanager
+def serve_http(server: HttpsServer | None = None) -> Iterator[HttpsServer]:
+    """Serves ``server`` over plain HTTP on a free loopback port until the block ends."""
+    server = server or HttpsServer()
+    server.scheme = "http"
+    with _serve(server, None) as running:
+        yield running
+
+
+@contextmanager
+def _serve(server: HttpsServer, context: ssl.SSLContext | None) -> Iterator[HttpsServer]:
+    http = ThreadingHTTPServer(("127.0.0.1", 0), _handler(server))
+    http.daemon_threads = True
+    if context is not None:
+        http.socket = context.wrap_socket(http.socket, server_side=True)
     server.port = http.server_address[1]
     thread = threading.Thread(target=http.serve_forever, daemon=True)
     thread.start()

@@ -5,7 +5,8 @@ Factories (all returning a ``Fault``):
 ``reset_after(n)``       response head + n body bytes, then RST (SO_LINGER 0) to the client.
 ``stall_after(n, s)``    response head + n body bytes, then silence for s seconds with the
                          socket open, then a clean close.
-``status(code, ...)``    answers itself with an S3 XML error; upstream is never contacted.
+``status(code, ...)``    answers itself with an S3 XML error (and any ``headers``, such as
+                         Retry-After); upstream is never contacted.
 ``close_before_headers`` reads the request, then closes (FIN) without any answer.
 ``short_body(n)``        response head (original Content-Length) + n body bytes, then FIN.
 ``drop_response``        forwards the request, lets upstream answer in full (so a PUT is
@@ -38,6 +39,7 @@ class Fault:
     message: str = ""
     method: str | None = None
     target: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
 
     def matches(self, method: str, target: str) -> bool:
         if self.method is not None and self.method.upper() != method.upper():
@@ -82,9 +84,10 @@ def status(
     *,
     method: str | None = None,
     target: str | None = None,
+    headers: dict[str, str] | None = None,
 ) -> Fault:
-    """Answer with ``code`` and an S3 XML error body (``<Code>s3_code</Code>``) without
-    contacting upstream; the connection stays usable (keep-alive)."""
+    """Answer with ``code``, ``headers`` and an S3 XML error body (``<Code>s3_code</Code>``)
+    without contacting upstream; the connection stays usable (keep-alive)."""
     if reason is None:
         try:
             reason = http.HTTPStatus(code).phrase
@@ -98,6 +101,7 @@ def status(
         message=message or f"Injected by fault proxy: {code} {reason}",
         method=method,
         target=target,
+        headers=tuple((headers or {}).items()),
     )
 
 
@@ -141,7 +145,8 @@ def error_response(fault: Fault, method: str, target: str) -> bytes:
         "Content-Type: application/xml\r\n"
         f"Content-Length: {len(body)}\r\n"
         f"x-amz-request-id: {request_id}\r\n"
-        "Server: syvain-fault-proxy\r\n"
+        + "".join(f"{name}: {value}\r\n" for name, value in fault.headers)
+        + "Server: syvain-fault-proxy\r\n"
         "\r\n"
     ).encode()
     return head if method == "HEAD" else head + body

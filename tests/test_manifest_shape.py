@@ -122,7 +122,9 @@ def test_invalid_top_level(data: Any, detail: str) -> None:
 @pytest.mark.parametrize(
     "uri",
     [
-        "http://bucket/key",
+        "ftp://bucket/key",
+        "HTTP://bucket/key",
+        "http://user@host/key",
         "https://bucket/",
         "https://user@host/key",
         "hf://models/o/n/key",

@@ -51,6 +51,11 @@ class SyvainTrainingData:
     returning ``access_key_id``, ``secret_access_key`` and optional ``session_token`` and
     ``expires_at``); ``profile`` (an AWS profile, through botocore: the ``aws`` extra); or none
     of them: the AWS SDKs' default chain, resolved when an s3:// request is first signed.
+
+    ``hf_token``: the Hugging Face Hub's access token for hf:// URIs (a gated or private
+    dataset); ``HF_TOKEN`` when not given. Kept like the secret (never in a ``repr``, log,
+    error or plain pickle) and sent only to the Hub's host. ``allow_http=True`` lets plain
+    ``http://`` URIs be read (from a server you trust); without it they are a ValueError.
     """
 
     def __init__(
@@ -66,6 +71,8 @@ class SyvainTrainingData:
         skip_signature: bool = False,
         credential_provider: Callable[[], Mapping[str, Any]] | None = None,
         profile: str | None = None,
+        allow_http: bool = False,
+        hf_token: str | SecretStr | None = None,
     ) -> None:
         self._storage_config = StorageConfig.create(
             s3_base_url=s3_base_url,
@@ -78,6 +85,8 @@ class SyvainTrainingData:
             credential_provider=credential_provider,
             profile=profile,
             picklable_secret=picklable_secret,
+            allow_http=allow_http,
+            hf_token=hf_token,
         )
         if profile is not None:
             from syvain_training_data.aws import require_botocore
@@ -87,13 +96,19 @@ class SyvainTrainingData:
 
     @classmethod
     def from_env(
-        cls, environ: Mapping[str, str] | None = None, *, picklable_secret: bool = False
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        picklable_secret: bool = False,
+        allow_http: bool = False,
     ) -> SyvainTrainingData:
         """A client from the standard AWS variables: AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL,
         AWS_REGION or AWS_DEFAULT_REGION (default us-east-1), and the first of:
         AWS_SKIP_SIGNATURE=true (unsigned requests); AWS_ACCESS_KEY_ID and
         AWS_SECRET_ACCESS_KEY (with AWS_SESSION_TOKEN); AWS_PROFILE (through botocore, the
-        ``aws`` extra); otherwise the default chain, resolved when a request is signed."""
+        ``aws`` extra); otherwise the default chain, resolved when a request is signed. The
+        Hub's token is ``HF_TOKEN`` (read when an hf:// store is built); ``allow_http`` as
+        for the constructor."""
         env = os.environ if environ is None else environ
         skip = (env.get("AWS_SKIP_SIGNATURE") or "").strip().lower() in {"1", "true", "yes"}
         key_id = None if skip else env.get("AWS_ACCESS_KEY_ID") or None
@@ -111,6 +126,7 @@ class SyvainTrainingData:
             skip_signature=skip,
             profile=None if skip or keys else env.get("AWS_PROFILE") or None,
             picklable_secret=picklable_secret,
+            allow_http=allow_http,
         )
         check_storage_config(client._storage_config)
         return client
@@ -136,6 +152,10 @@ class SyvainTrainingData:
             parts.append(f"credential_provider={provider_name(config.credential_provider)}")
         if config.profile is not None:
             parts.append(f"profile={config.profile!r}")
+        if config.allow_http:
+            parts.append("allow_http=True")
+        if config.hf_token is not None:
+            parts.append("hf_token=***")
         return f"SyvainTrainingData({', '.join(parts)})"
 
     def load_manifest(self, uri: str) -> DataManifest:

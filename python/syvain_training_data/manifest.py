@@ -135,16 +135,16 @@ _Count = Annotated[int, Field(strict=True, gt=0, le=MAX_COUNT)]
 
 
 def _check_shard_uri(uri: str) -> str:
-    """Accept ``s3://bucket/key``, ``file:///absolute/path``, ``https://host/path`` or
-    ``hf://datasets/owner/name@revision/path`` under the store's rules
-    (:func:`~syvain_training_data.uris.check_uri`)."""
+    """Accept ``s3://bucket/key``, ``file:///absolute/path``, ``https://host/path`` (or
+    ``http://``, read only with ``allow_http``) or ``hf://datasets/owner/name@revision/path``
+    under the store's rules (:func:`~syvain_training_data.uris.check_uri`)."""
     try:
         return check_uri(uri)
     except ValueError as error:
         raise ValueError(
             "shard URI must be s3://bucket/key (bucket and key non-empty, the bucket name "
             f"without / ? # @ : %, whitespace or control characters), gs://bucket/key, "
-            "file:///absolute/path, https://host/path or "
+            "file:///absolute/path, https://host/path (http:// with allow_http) or "
             f"hf://datasets/owner/name@revision/path: {error}"
         ) from None
 

@@ -1,4 +1,5 @@
-"""Object storage: s3:// through the native client, file:// as the embedded local store.
+"""Object storage through the native client: s3://, gs://, file:// (the embedded local store),
+and read-only https:// (http:// with ``allow_http``) and hf://.
 
 Every call goes through the Rust extension, which applies the timeouts and the retry budget of
 SPEC section 4 and releases the GIL while it waits. Errors:
@@ -64,6 +65,15 @@ class StorageConfig(BaseModel):
     The secret and the session token are ``SecretStr``: they never appear in ``repr``, logs or
     error messages (a value of the wrong type is not echoed in the ValidationError either).
 
+    **Other stores.** ``hf_token``: the Hugging Face Hub's access token for hf:// URIs (gated
+    and private datasets), sent only to the Hub's own host (never across a redirect to its
+    CDN); without it, ``HF_TOKEN`` of the process that reads. It is a ``SecretStr`` pickled by
+    the rules below like the secret (a plain pickle without it takes ``HF_TOKEN`` again).
+    ``allow_http``: plain ``http://`` object URIs (and an ``http://`` ``HF_ENDPOINT``) are read
+    only with ``allow_http=True``, for a server you trust (nothing protects the bytes or a
+    token on the way); otherwise reading one is a ValueError at the call. An ``http://``
+    ``s3_base_url`` needs no opt-in: giving it is the choice.
+
     **Pickling** (savers and datasets travel to worker processes, Ray tasks, other machines,
     and Ray may spill pickles to disk). Two rules, by pickler:
 
@@ -97,11 +107,15 @@ class StorageConfig(BaseModel):
     credential_provider: Callable[[], Mapping[str, Any]] | None = None
     profile: str | None = None
     picklable_secret: bool = False
+    allow_http: bool = False
+    hf_token: SecretStr | None = None
 
     # Set on an unpickled config whose secret (and session token) was withheld and not found
     # in the environment.
     _secret_withheld: bool = PrivateAttr(default=False)
     _token_withheld: bool = PrivateAttr(default=False)
+    # Likewise for the Hub token (not found in HF_TOKEN).
+    _hf_token_withheld: bool = PrivateAttr(default=False)
 
     @model_validator(mode="after")
     def _one_credential_source(self) -> StorageConfig:
@@ -128,6 +142,8 @@ class StorageConfig(BaseModel):
                 f"{given} needs {missing}: pass both, or neither (then the environment's "
                 "credentials, a profile or a credential_provider are used)"
             )
+        if self.hf_token is not None and not self.hf_token.get_secret_value():
+            raise ValueError("hf_token is empty: pass a Hub token, or None for HF_TOKEN")
         url = self.s3_base_url
         if url is not None and not url.lower().startswith(("http://", "https://")):
             raise ValueError(f'Invalid s3_base_url "{url}": expected http(s)://host[:port]')
@@ -153,6 +169,8 @@ class StorageConfig(BaseModel):
                 provider_key,
                 self.profile,
                 self.picklable_secret,
+                self.allow_http,
+                self.hf_token,
             )
         )
 
@@ -175,6 +193,13 @@ class StorageConfig(BaseModel):
         process looks in its own environment too). multiprocessing's pickler uses
         :func:`_reduce_for_processes`."""
         state = super().__getstate__()
+        if not self.picklable_secret and (self.hf_token is not None or self._hf_token_withheld):
+            state["__dict__"] = {**state["__dict__"], "hf_token": None}
+            state["__pydantic_private__"] = {
+                **(state.get("__pydantic_private__") or {}),
+                "_hf_token_withheld": False,
+            }
+            state[_HF_WITHHELD] = True
         if not self.picklable_secret and (
             self.secret_access_key is not None
             or self.session_token is not None
@@ -195,9 +220,16 @@ class StorageConfig(BaseModel):
     def __setstate__(self, state: dict[Any, Any]) -> None:
         state = dict(state)
         withheld = state.pop(_WITHHELD, False)
+        hf_withheld = state.pop(_HF_WITHHELD, False)
         fields = {**_NEW_FIELDS, **state["__dict__"]}  # pickled by an older version
-        private = {"_secret_withheld": False, "_token_withheld": False}
+        private = {"_secret_withheld": False, "_token_withheld": False, "_hf_token_withheld": False}
         private.update(state.get("__pydantic_private__") or {})
+        if hf_withheld:
+            hub_token = os.environ.get("HF_TOKEN") or None
+            if hub_token is None:
+                private["_hf_token_withheld"] = True
+            else:
+                fields["hf_token"] = SecretStr(hub_token)
         if withheld:
             secret = _secret_from_environment(fields["access_key_id"])
             token = os.environ.get("AWS_SESSION_TOKEN") or None
@@ -232,6 +264,8 @@ class StorageConfig(BaseModel):
         credential_provider: Callable[[], Mapping[str, Any]] | None = None,
         profile: str | None = None,
         picklable_secret: bool = False,
+        allow_http: bool = False,
+        hf_token: str | SecretStr | None = None,
     ) -> StorageConfig:
         """Builds a config from plain strings (the secret and token are wrapped as
         ``SecretStr``)."""
@@ -246,6 +280,8 @@ class StorageConfig(BaseModel):
             credential_provider=credential_provider,
             profile=profile,
             picklable_secret=picklable_secret,
+            allow_http=allow_http,
+            hf_token=_secret(hf_token),
         )
 
 
@@ -254,6 +290,8 @@ def _secret(value: str | SecretStr | None) -> SecretStr | None:
 
 
 _WITHHELD: Final = "syvain_secret_withheld"
+# Set in a plain pickle's state when the Hub token was withheld.
+_HF_WITHHELD: Final = "syvain_hf_token_withheld"
 # The value of _WITHHELD when a session token was withheld with the secret.
 _TOKEN: Final = "secret+token"
 # Fields added since the first pickled configs, with their defaults.
@@ -262,15 +300,27 @@ _NEW_FIELDS: Final[dict[str, Any]] = {
     "skip_signature": False,
     "credential_provider": None,
     "profile": None,
+    "allow_http": False,
+    "hf_token": None,
 }
 
 
 def _reduce_for_processes(config: StorageConfig) -> tuple[Any, ...]:
     """How ``ForkingPickler`` (process start, pool queues, pipes) pickles a config: with its
-    secret and session token, since those bytes go straight to another local process. A config
-    whose secret was already withheld goes as a plain pickle would (the receiver looks in its
-    environment)."""
-    state = config.__getstate__() if config._secret_withheld else BaseModel.__getstate__(config)
+    secret, session token and Hub token, since those bytes go straight to another local
+    process. One already withheld stays withheld (the receiver looks in its environment)."""
+    state = BaseModel.__getstate__(config)
+    if config._secret_withheld or config._hf_token_withheld:
+        state["__pydantic_private__"] = {
+            **(state.get("__pydantic_private__") or {}),
+            "_secret_withheld": False,
+            "_token_withheld": False,
+            "_hf_token_withheld": False,
+        }
+        if config._secret_withheld:
+            state[_WITHHELD] = _TOKEN if config._token_withheld else True
+        if config._hf_token_withheld:
+            state[_HF_WITHHELD] = True
     return (_restore, (type(config), state))
 
 
@@ -324,6 +374,12 @@ def native_storage(config: StorageConfig) -> _native.NativeStorage:
             f"with this storage configuration: set {variables} "
             "in this process's environment, or build the client with picklable_secret=True"
         )
+    if config._hf_token_withheld:
+        raise ValueError(
+            "The Hub token (hf_token) was not pickled with this storage configuration: set "
+            "HF_TOKEN in this process's environment, or build the client with "
+            "picklable_secret=True"
+        )
     secret = config.secret_access_key.get_secret_value() if config.secret_access_key else None
     token = config.session_token.get_secret_value() if config.session_token else None
     return _native.NativeStorage(
@@ -335,6 +391,8 @@ def native_storage(config: StorageConfig) -> _native.NativeStorage:
         virtual_hosted_style_request=config.virtual_hosted_style_request,
         skip_signature=config.skip_signature,
         credential_provider=provider_for(config),
+        allow_http=config.allow_http,
+        hf_token=config.hf_token.get_secret_value() if config.hf_token else None,
     )
 
 

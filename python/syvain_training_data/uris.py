@@ -1,8 +1,9 @@
 """The URIs of SPEC section 4: parsing, the untrusted-manifest scheme rule, and etags.
 
 A URI is ``s3://bucket/key``, ``gs://bucket/key`` (read-only for now), ``file:///absolute/path``,
-``https://host[:port]/path`` or ``hf://datasets/owner/name[@revision]/path`` (read-only); schemes
-are lower case,
+``https://host[:port]/path`` or ``hf://datasets/owner/name[@revision]/path`` (read-only), and
+``http://host[:port]/path`` (read-only, read only where the caller passes ``allow_http=True``:
+the URI is valid, the store refuses it otherwise); schemes are lower case,
 and ``file:/path`` and ``file://host/path`` are not URIs here. An https:// URI holds no user
 info, query or fragment: a request goes only where the URI says. These are the rules of the
 Rust side (``Location::parse`` in ``rust/core/src/object_stores.rs``), which reads every
@@ -18,7 +19,8 @@ valid and invalid URIs that both sides are tested against.
   dataset's folder), so they are refused rather than normalized.
 - **Schemes are confined** (:func:`check_shard_scheme`): a manifest read from ``s3://`` may name
   only ``s3://`` shards and a ``file://`` manifest only ``file://`` shards, an ``https://`` or
-  ``hf://`` manifest only shards of its own scheme on its own host, unless the caller opts in
+  ``hf://`` manifest (or ``http://``) only shards of its own scheme on its own host, unless the
+  caller opts in
   with ``allow_mixed_schemes=True``. A manifest can never point a reader at local files it was
   not loaded from, nor a manifest from the web at another host (an internal address).
 - **Etags of file://, https:// and hf:// objects** are never recorded nor enforced from a
@@ -38,6 +40,7 @@ __all__ = [
     "FILE_PREFIX",
     "GS_PREFIX",
     "HTTPS_PREFIX",
+    "HTTP_PREFIX",
     "HUB_PREFIX",
     "S3_PREFIX",
     "Scheme",
@@ -59,9 +62,11 @@ S3_PREFIX: Final = "s3://"
 GS_PREFIX: Final = "gs://"
 FILE_PREFIX: Final = "file://"
 HTTPS_PREFIX: Final = "https://"
+HTTP_PREFIX: Final = "http://"
 HUB_PREFIX: Final = "hf://"
+_WEB_PREFIXES: Final = (HTTPS_PREFIX, HTTP_PREFIX)
 
-type Scheme = Literal["s3", "gs", "file", "https", "hf"]
+type Scheme = Literal["s3", "gs", "file", "https", "http", "hf"]
 
 # hf://datasets/owner/name[@revision]/path: the Hub's repository names.
 _HUB_URI: Final = re.compile(
@@ -153,18 +158,20 @@ def file_path(uri: str) -> str:
 
 
 def https_host_path(uri: str) -> tuple[str, str]:
-    """``(host[:port], path)`` of ``https://host[:port]/path``; ValueError unless the host is
-    present, the path is a valid key, and there is no user info, query or fragment."""
+    """``(host[:port], path)`` of ``https://host[:port]/path`` (or ``http://``); ValueError
+    unless the host is present, the path is a valid key, and there is no user info, query or
+    fragment."""
     if "\\" in uri:  # read as a slash by URL parsers: the host could be another
         raise ValueError(f"{uri!r} is not a valid object URI: a backslash is not allowed")
     parts = urlsplit(uri)
-    if parts.scheme != "https" or not uri.startswith(HTTPS_PREFIX) or not parts.hostname:
+    prefix = f"{parts.scheme}://"
+    if prefix not in _WEB_PREFIXES or not uri.startswith(prefix) or not parts.hostname:
         raise ValueError(f"{uri!r} is not an https://host/path URI")
     if "@" in parts.netloc:
         raise ValueError(f"{uri!r} is not a valid object URI: user info is not allowed")
     if parts.query or parts.fragment or "?" in uri or "#" in uri:
         raise ValueError(f"{uri!r} is not a valid object URI: a query or fragment is not allowed")
-    path = uri[len(HTTPS_PREFIX) :].partition("/")[2]
+    path = uri[len(prefix) :].partition("/")[2]
     problem = _key_problem(path, "path") if path else "the path is empty"
     if problem:
         raise ValueError(f"{uri!r} is not a valid object URI: {problem}")
@@ -197,32 +204,36 @@ def check_uri(uri: str) -> str:
         bucket_key(uri, uri[: uri.index("://") + 3])
     elif uri.startswith(FILE_PREFIX):
         file_path(uri)
-    elif uri.startswith(HTTPS_PREFIX):
+    elif uri.startswith(_WEB_PREFIXES):
         https_host_path(uri)
     elif uri.startswith(HUB_PREFIX):
         hub_path(uri)
     else:
         raise ValueError(
             f"{uri!r} is none of s3://bucket/key, gs://bucket/key, file:///absolute/path, "
-            "https://host/path and hf://datasets/owner/name@revision/path"
+            "https://host/path (http:// with allow_http) and "
+            "hf://datasets/owner/name@revision/path"
         )
     return uri
 
 
 def scheme_of(uri: str) -> Scheme:
-    """``"s3"``, ``"gs"``, ``"file"``, ``"https"`` or ``"hf"``; ValueError for any other."""
-    schemes: tuple[Scheme, ...] = ("s3", "gs", "file", "https", "hf")
+    """``"s3"``, ``"gs"``, ``"file"``, ``"https"``, ``"http"`` or ``"hf"``; ValueError for any
+    other."""
+    schemes: tuple[Scheme, ...] = ("s3", "gs", "file", "https", "http", "hf")
     for scheme in schemes:
         if uri.startswith(f"{scheme}://"):
             return scheme
-    raise ValueError(f"{uri!r} is none of an s3://, gs://, file://, https:// and hf:// URI")
+    raise ValueError(
+        f"{uri!r} is none of an s3://, gs://, file://, https://, http:// and hf:// URI"
+    )
 
 
 def host_of(uri: str) -> str:
     """Where a request for ``uri`` goes, for the untrusted-manifest rule: the bucket of an s3://
     URI is not a host (every bucket of the client's endpoint is alike), so ``""`` for s3://,
-    gs://, file:// and hf:// (the Hub), ``host[:port]`` for https://."""
-    return https_host_path(uri)[0].lower() if uri.startswith(HTTPS_PREFIX) else ""
+    gs://, file:// and hf:// (the Hub), ``host[:port]`` for https:// and http://."""
+    return https_host_path(uri)[0].lower() if uri.startswith(_WEB_PREFIXES) else ""
 
 
 def check_shard_scheme(
@@ -242,7 +253,7 @@ def check_shard_scheme(
     if host_of(manifest_uri) != host_of(shard_uri):
         raise ValueError(
             f"Manifest {manifest_uri} names shard {shard_uri}, but a manifest read from "
-            f"https://{host_of(manifest_uri)} may name only shards on that host (pass "
+            f"{manifest_scheme}://{host_of(manifest_uri)} may name only shards on that host (pass "
             "allow_mixed_schemes=True to read a manifest you trust that names other hosts)"
         )
 
@@ -261,4 +272,4 @@ def portable_etag(uri: str, etag: str) -> str:
     a copy, even where an older manifest or descriptor recorded one, and for an https:// or
     hf:// object, whose server's etags are its own (a mirror's differ from the publisher's);
     ``etag`` otherwise."""
-    return "" if uri.startswith((FILE_PREFIX, HTTPS_PREFIX, HUB_PREFIX)) else etag
+    return "" if uri.startswith((FILE_PREFIX, HUB_PREFIX, *_WEB_PREFIXES)) else etag

@@ -6,8 +6,10 @@ resolve URLs, its redirect to a CDN, gated repositories and ``HF_TOKEN`` (never 
 
 from __future__ import annotations
 
+import pickle
 import time
 from collections.abc import Iterator
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,14 @@ from https_server import HttpsServer, serve_https
 from resumed_reads import interrupted_and_resumed
 from syvain_training_data import SyvainTrainingData, iter_shard
 from syvain_training_data.errors import ObjectChangedError
-from syvain_training_data.storage import get_object, head_object, open_stream, put_object
+from syvain_training_data.storage import (
+    StorageConfig,
+    get_object,
+    head_object,
+    native_storage,
+    open_stream,
+    put_object,
+)
 
 FORMATS = ["msgpack.zstf", "jsonl.gz", "parquet"]
 RECORDS = [{"i": i, "text": "w" * (i % 97)} for i in range(400)]
@@ -80,20 +89,20 @@ def test_reads_are_held_to_the_etag_the_server_gave(server):
         b"".join(stream)
 
 
-def test_a_server_without_etags_is_refused_at_once(server, tmp_path):
+def test_a_server_without_etags_or_dates_is_refused_at_once(server, tmp_path):
     server.paths["/plain/a.bin"] = b"x" * 1000
-    server.etags = False
+    server.etags = server.last_modified = False
     try:
         started = time.monotonic()
         with (
-            pytest.raises(ValueError, match="no ETag") as raised,
+            pytest.raises(ValueError, match="neither an ETag nor a Last-Modified") as raised,
             open_stream(f"{server.origin}/plain/a.bin", size_bytes=1000) as stream,
         ):
             b"".join(stream)
         assert f"{server.origin}/plain/a.bin" in str(raised.value)
         assert time.monotonic() - started < 5  # refused, not retried
     finally:
-        server.etags = True
+        server.etags = server.last_modified = True
 
 
 def test_a_server_that_ignores_range_serves_whole_reads_and_refuses_resumed_ones(server):
@@ -199,3 +208,72 @@ def test_a_gated_repository_without_the_token_fails_at_once_and_never_shows_it(h
     monkeypatch.delenv("HF_TOKEN")
     with pytest.raises(PermissionError):
         get_object("hf://datasets/org/gated/a.json")
+
+
+EXPLICIT_TOKEN = "hf_explicit_token_for_tests_only"
+
+
+def test_an_explicit_hub_token_opens_a_gated_repository_and_wins(hub, monkeypatch):
+    # A gated file whose resolve URL redirects to the CDN (another host, as the Hub's does).
+    hub.paths["/datasets/org/private/resolve/main/a.json"] = b'{"a":1}'
+    hub.paths["/cdn/private-b.json"] = b'{"b":2}'
+    hub.paths["/datasets/org/private/resolve/main/b.json"] = b"unused"
+    hub.redirects["/datasets/org/private/resolve/main/b.json"] = (
+        f"https://localhost:{hub.port}/cdn/private-b.json"
+    )
+    hub.tokens["/datasets/org/private/"] = EXPLICIT_TOKEN
+    client = SyvainTrainingData(hf_token=EXPLICIT_TOKEN)
+    config = client.storage_config
+    # HF_TOKEN holds another (wrong) token: the explicit one wins.
+    assert get_object("hf://datasets/org/private/a.json", storage_config=config) == b'{"a":1}'
+    hub.requests.clear()
+    assert get_object("hf://datasets/org/private/b.json", storage_config=config) == b'{"b":2}'
+    sent = {
+        path: next((v for k, v in headers.items() if k.lower() == "authorization"), None)
+        for _, path, headers in hub.requests
+    }
+    assert sent["/datasets/org/private/resolve/main/b.json"] == f"Bearer {EXPLICIT_TOKEN}"
+    assert sent["/cdn/private-b.json"] is None  # dropped on the redirect to another host
+    with pytest.raises(PermissionError):
+        get_object("hf://datasets/org/private/a.json")  # HF_TOKEN's is not the gate's
+    monkeypatch.delenv("HF_TOKEN")
+    native_storage.cache_clear()
+    assert get_object("hf://datasets/org/private/a.json", storage_config=config) == b'{"a":1}'
+
+
+def test_the_hub_token_never_shows(hub, monkeypatch):
+    hub.paths["/datasets/org/shut/resolve/main/a.json"] = b"{}"
+    hub.tokens["/datasets/org/shut/"] = "the-gate-wants-another"
+    client = SyvainTrainingData(hf_token=EXPLICIT_TOKEN)
+    config = client.storage_config
+    with pytest.raises(PermissionError) as raised:
+        get_object("hf://datasets/org/shut/a.json", storage_config=config)
+    shown = [
+        str(raised.value),
+        repr(raised.value),
+        repr(client),
+        repr(config),
+        str(config),
+        repr(native_storage(config)),
+        str(client.__dict__),
+    ]
+    assert all(EXPLICIT_TOKEN not in text for text in shown)
+    assert "hf_token=***" in repr(client) and "hf_token=***" in repr(native_storage(config))
+    # A plain pickle holds no token; unpickled, it takes HF_TOKEN of its process, or fails
+    # clearly when there is none.
+    pickled = pickle.dumps(config)
+    assert EXPLICIT_TOKEN.encode() not in pickled
+    assert pickle.loads(pickled).hf_token.get_secret_value() == HUB_TOKEN
+    monkeypatch.delenv("HF_TOKEN")
+    without = pickle.loads(pickled)
+    with pytest.raises(ValueError, match="HF_TOKEN") as withheld:
+        get_object("hf://datasets/org/shut/a.json", storage_config=without)
+    assert EXPLICIT_TOKEN not in str(withheld.value)
+    # multiprocessing's pickler carries it to worker processes (a withheld one stays withheld).
+    assert EXPLICIT_TOKEN.encode() in bytes(ForkingPickler.dumps(config))
+    assert EXPLICIT_TOKEN.encode() not in bytes(ForkingPickler.dumps(without))
+    assert pickle.loads(ForkingPickler.dumps(without))._hf_token_withheld
+    kept = StorageConfig.create(hf_token=EXPLICIT_TOKEN, picklable_secret=True)
+    assert pickle.loads(pickle.dumps(kept)).hf_token.get_secret_value() == EXPLICIT_TOKEN
+    with pytest.raises(ValueError, match="hf_token is empty"):
+        SyvainTrainingData(hf_token="")

@@ -167,9 +167,11 @@ def test_changed_object_by_etag_fails_closed(seaweed, s3_bucket, unique_prefix):
 
 
 def test_bad_uris_fail_at_once():
-    for uri in ["http://x/y", "s3://", "s3://bucket", "s3://b/a//c", "file://relative", "/tmp/x"]:
+    for uri in ["ftp://x/y", "s3://", "s3://bucket", "s3://b/a//c", "file://relative", "/tmp/x"]:
         with pytest.raises(ValueError, match="Invalid object URI"):
             storage.get_object(uri)
+    with pytest.raises(ValueError, match="pass allow_http=True"):  # plain http: only opted in
+        storage.get_object("http://x/y")
 
 
 def test_bad_endpoint_fails_at_once():

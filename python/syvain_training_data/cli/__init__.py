@@ -114,6 +114,13 @@ def main(
             # Nothing to sign s3:// requests with: a usage error, as a missing flag would be.
             _report(err, debug, f"{PROG} {args.command}: error: {str(error).splitlines()[0]}")
             return EXIT_USAGE
+        if isinstance(error, ValueError) and "pass allow_http=True" in str(error):
+            # A plain http:// URI without --allow-http: a usage error naming the flag.
+            message = (
+                str(error).splitlines()[0].replace("pass allow_http=True", "pass --allow-http")
+            )
+            _report(err, debug, f"{PROG} {args.command}: error: {message}")
+            return EXIT_USAGE
         _report(err, debug, f"{PROG}: error: {describe(error)}")
         return EXIT_FAILED
 

@@ -84,7 +84,7 @@ def make_client(args: argparse.Namespace, environ: Mapping[str, str]) -> SyvainT
         if value:
             env[variable] = value
     try:
-        return SyvainTrainingData.from_env(env)
+        return SyvainTrainingData.from_env(env, allow_http=bool(getattr(args, "allow_http", False)))
     except (ValueError, ModuleNotFoundError) as error:
         raise UsageError(str(error).splitlines()[0]) from error
 

@@ -87,6 +87,12 @@ def _common_options(suppress: bool) -> argparse.ArgumentParser:
         help="send unsigned requests, for a public bucket (AWS_SKIP_SIGNATURE)",
     )
     group.add_argument(
+        "--allow-http",
+        action="store_true",
+        default=argparse.SUPPRESS if suppress else False,
+        help="read plain http:// URIs (and an http:// HF_ENDPOINT), from a server you trust",
+    )
+    group.add_argument(
         "--debug",
         action="store_true",
         default=argparse.SUPPRESS if suppress else False,

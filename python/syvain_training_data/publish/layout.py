@@ -28,6 +28,7 @@ from typing import Final
 from syvain_training_data.formats.registry import FORMATS
 from syvain_training_data.uris import (
     GS_PREFIX,
+    HTTP_PREFIX,
     HTTPS_PREFIX,
     HUB_PREFIX,
     file_path,
@@ -68,9 +69,10 @@ def encode_segment(value: str, what: str = "path segment") -> str:
 
 
 def manifest_key(manifest_uri: str) -> str:
-    if manifest_uri.startswith((HTTPS_PREFIX, HUB_PREFIX, GS_PREFIX)):
+    if manifest_uri.startswith((HTTPS_PREFIX, HTTP_PREFIX, HUB_PREFIX, GS_PREFIX)):
         raise ValueError(
-            f"manifest_uri {manifest_uri!r}: gs://, https:// and hf:// stores are read-only; "
+            f"manifest_uri {manifest_uri!r}: gs://, https://, http:// and hf:// stores are "
+            "read-only; "
             "publish to s3:// or file:// and copy or serve the files from there"
         )
     try:

@@ -40,9 +40,10 @@ pub struct NativeStorage {
 impl NativeStorage {
     /// Credentials, first match: `skip_signature`; `credential_provider` (a callable returning
     /// `(access_key_id, secret_access_key, session_token | None, seconds_left | None)`); the
-    /// static keys (+ `session_token`); else the AWS SDKs' default chain.
+    /// static keys (+ `session_token`); else the AWS SDKs' default chain. `allow_http`: read
+    /// plain http:// URIs; `hf_token`: the Hub's bearer token for hf:// (else `HF_TOKEN`).
     #[new]
-    #[pyo3(signature = (*, s3_base_url=None, region="us-east-1".to_string(), access_key_id=None, secret_access_key=None, session_token=None, virtual_hosted_style_request=false, skip_signature=false, credential_provider=None))]
+    #[pyo3(signature = (*, s3_base_url=None, region="us-east-1".to_string(), access_key_id=None, secret_access_key=None, session_token=None, virtual_hosted_style_request=false, skip_signature=false, credential_provider=None, allow_http=false, hf_token=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -54,6 +55,8 @@ impl NativeStorage {
         virtual_hosted_style_request: bool,
         skip_signature: bool,
         credential_provider: Option<Py<PyAny>>,
+        allow_http: bool,
+        hf_token: Option<String>,
     ) -> BindingResult<Self> {
         let credential_provider = credential_provider.map(|callable| {
             Arc::new(PyCredentialProvider::new(py, callable)) as AwsCredentialProvider
@@ -68,6 +71,8 @@ impl NativeStorage {
             skip_signature,
             credential_provider,
             default_chain: false,
+            allow_http,
+            hub_token: hf_token.filter(|t| !t.is_empty()),
         };
         // Misconfiguration fails at once, not on first use.
         Ok(Self {
@@ -79,11 +84,17 @@ impl NativeStorage {
         let config = self.storage.config();
         format!(
             "NativeStorage(s3_base_url={:?}, region={:?}, virtual_hosted_style_request={}, \
-             credentials={:?})",
+             credentials={:?}, allow_http={}, hf_token={})",
             config.s3_base_url,
             config.region,
             config.virtual_hosted_style_request,
-            config.credential_source()
+            config.credential_source(),
+            config.allow_http,
+            if config.hub_token.is_some() {
+                "***"
+            } else {
+                "None"
+            },
         )
     }
 

@@ -19,11 +19,13 @@ pub fn first_line(message: &str) -> &str {
     message.lines().next().unwrap_or("")
 }
 
-/// Classifies an `object_store` error raised while operating on `uri`.
+/// Classifies an `object_store` error raised while operating on `uri`. `pinned`: the version
+/// a read was held to (`etag "abc"`, `Last-Modified <date>`), so that a failed precondition
+/// reads as a changed object; without it, as an existing one (a create-only write).
 pub fn classify_store_error(
     uri: &str,
     error: object_store::Error,
-    if_match: Option<&str>,
+    pinned: Option<&str>,
 ) -> StoreFailure {
     use object_store::Error as E;
     if matches!(
@@ -67,10 +69,10 @@ pub fn classify_store_error(
         E::AlreadyExists { .. } => StoreFailure::Fatal(NativeError::AlreadyExists {
             uri: uri.to_string(),
         }),
-        E::Precondition { .. } | E::NotModified { .. } => match if_match {
-            Some(etag) => StoreFailure::Fatal(NativeError::Changed {
+        E::Precondition { .. } | E::NotModified { .. } => match pinned {
+            Some(version) => StoreFailure::Fatal(NativeError::Changed {
                 uri: uri.to_string(),
-                etag: etag.to_string(),
+                version: version.to_string(),
             }),
             // A create-only write whose precondition failed: the object exists.
             None => StoreFailure::Fatal(NativeError::AlreadyExists {

@@ -17,8 +17,9 @@ pub enum NativeError {
     AlreadyExists { uri: String },
     #[error("Access denied to {uri}: {detail}")]
     Permission { uri: String, detail: String },
-    #[error("Object changed while reading {uri} (etag {etag:?} no longer matches)")]
-    Changed { uri: String, etag: String },
+    /// `version`: what the read was held to, e.g. `etag "abc"` or `Last-Modified <date>`.
+    #[error("Object changed while reading {uri} ({version} no longer matches)")]
+    Changed { uri: String, version: String },
     /// `position` is empty for point operations, else " at offset X of Y bytes".
     #[error(
         "Storage retry budget exhausted for {operation} {uri}{position} after {attempts} \

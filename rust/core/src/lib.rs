@@ -15,6 +15,7 @@ pub mod object_stores;
 pub mod order;
 pub mod policy;
 pub mod process_bound;
+pub mod retry_after;
 pub mod runtime;
 pub mod source;
 pub mod storage;

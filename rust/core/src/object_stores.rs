@@ -15,6 +15,7 @@ use object_store::{ClientOptions, ObjectStore, RetryConfig, StaticCredentialProv
 use crate::credentials::{AwsCredentialProvider, ChainProvider};
 use crate::error::{NativeError, NativeResult};
 use crate::policy::Policy;
+use crate::retry_after::RetryAfterConnector;
 
 /// Connection settings for s3:// URIs. The secret and the session token never appear in
 /// `Debug` or any message.
@@ -34,6 +35,11 @@ pub struct StorageConfig {
     pub credential_provider: Option<AwsCredentialProvider>,
     /// Set by [`StorageConfig::resolved`] when `credential_provider` is the default chain.
     pub default_chain: bool,
+    /// Plain `http://` object URIs (and an `http://` `HF_ENDPOINT`) are read only when the
+    /// caller allows it; an http:// `s3_base_url` is allowed by being given.
+    pub allow_http: bool,
+    /// The Hub's bearer token for hf:// URIs; `HF_TOKEN` when `None`. Never shown.
+    pub hub_token: Option<String>,
 }
 
 impl StorageConfig {
@@ -79,6 +85,8 @@ impl fmt::Debug for StorageConfig {
                 &self.virtual_hosted_style_request,
             )
             .field("credentials", &self.credential_source())
+            .field("allow_http", &self.allow_http)
+            .field("hub_token", &self.hub_token.as_ref().map(|_| "***"))
             .finish()
     }
 }
@@ -99,7 +107,8 @@ pub enum Location {
     File {
         path: String,
     },
-    /// A read-only object at `origin` (`https://host[:port]`) + `/` + `path`. `hub`: a
+    /// A read-only object at `origin` (`https://host[:port]`, or `http://` where the caller
+    /// allows plain http) + `/` + `path`. `hub`: a
     /// Hugging Face Hub file (`hf://datasets/owner/name@revision/path`, at the Hub's resolve
     /// URL), sent with the `HF_TOKEN` bearer token when one is set.
     Http {
@@ -150,14 +159,15 @@ impl Location {
                 path: path.to_string(),
             });
         }
-        if uri.starts_with("https://") {
-            return parse_https(uri, allow_prefix);
+        if uri.starts_with("https://") || uri.starts_with("http://") {
+            return parse_web(uri, allow_prefix);
         }
         if let Some(rest) = uri.strip_prefix("hf://") {
             return parse_hub(uri, rest, allow_prefix);
         }
         Err(NativeError::Config(format!(
-            "Invalid object URI {uri}: the scheme must be s3://, gs://, file://, https:// or hf://"
+            "Invalid object URI {uri}: the scheme must be s3://, gs://, file://, https://, http:// \
+             or hf://"
         )))
     }
 
@@ -214,9 +224,9 @@ impl Location {
     }
 }
 
-/// `https://host[:port]/path`: no user info, query or fragment (a request goes only where the
-/// URI says), a path of key segments.
-fn parse_https(uri: &str, allow_prefix: bool) -> NativeResult<Location> {
+/// `https://host[:port]/path` (or `http://`): no user info, query or fragment (a request goes
+/// only where the URI says), a path of key segments.
+fn parse_web(uri: &str, allow_prefix: bool) -> NativeResult<Location> {
     let invalid = |why: &str| NativeError::Config(format!("Invalid object URI {uri}: {why}"));
     // URL parsers read a backslash as a slash (and one before "@" as the end of the host), so
     // the host a reader sees could differ from the one a check saw: refused outright.
@@ -237,15 +247,16 @@ fn parse_https(uri: &str, allow_prefix: bool) -> NativeResult<Location> {
     }
     // The path as written: url normalizes "." and ".." segments away, which would name
     // another object than the one written, so they are refused from the raw text.
-    let after_scheme = &uri["https://".len()..];
+    let scheme = url.scheme();
+    let after_scheme = &uri[scheme.len() + "://".len()..];
     let path = after_scheme.split_once('/').map(|(_, p)| p).unwrap_or("");
     if path.is_empty() && !allow_prefix {
         return Err(invalid("the path is empty"));
     }
     validate_key(uri, path, allow_prefix)?;
     let origin = match url.port() {
-        Some(port) => format!("https://{host}:{port}"),
-        None => format!("https://{host}"),
+        Some(port) => format!("{scheme}://{host}:{port}"),
+        None => format!("{scheme}://{host}"),
     };
     Ok(Location::Http {
         origin,
@@ -291,13 +302,18 @@ fn parse_hub(uri: &str, rest: &str, allow_prefix: bool) -> NativeResult<Location
     }
     validate_key(uri, path, allow_prefix)?;
     let endpoint = hub_endpoint();
-    let origin = match parse_https(&format!("{}/x", endpoint.trim_end_matches('/')), false)? {
-        Location::Http { origin, path, .. } if path == "x" => origin,
-        _ => {
-            return Err(NativeError::Config(format!(
-                "Invalid HF_ENDPOINT {endpoint:?}: expected https://host[:port]"
-            )))
-        }
+    let bad_endpoint = || {
+        NativeError::Config(format!(
+            "Invalid HF_ENDPOINT {endpoint:?}: expected https://host[:port]"
+        ))
+    };
+    let base = endpoint.trim_end_matches('/');
+    if !base.starts_with("https://") && !base.starts_with("http://") {
+        return Err(bad_endpoint());
+    }
+    let origin = match parse_web(&format!("{base}/x"), false) {
+        Ok(Location::Http { origin, path, .. }) if path == "x" => origin,
+        _ => return Err(bad_endpoint()),
     };
     Ok(Location::Http {
         origin,
@@ -365,7 +381,7 @@ pub fn build_store(
         Location::File { .. } => Ok(Arc::new(LocalFileSystem::new())),
         Location::S3 { bucket, .. } => build_s3(config, bucket, policy),
         Location::Gcs { bucket, .. } => build_gcs(config, bucket, policy),
-        Location::Http { origin, hub, .. } => build_http(origin, *hub, policy),
+        Location::Http { origin, hub, .. } => build_http(config, location, origin, *hub, policy),
     }
 }
 
@@ -410,6 +426,7 @@ fn build_gcs(
         .with_bucket_name(bucket)
         .with_skip_signature(config.skip_signature)
         .with_client_options(client_options)
+        .with_http_connector(RetryAfterConnector)
         .with_retry(no_retries(policy));
     let store = builder.build().map_err(|e| {
         NativeError::Config(format!(
@@ -428,17 +445,46 @@ fn no_retries(policy: &Policy) -> RetryConfig {
     }
 }
 
-/// A read-only HTTP store at `origin`; for the Hub, requests carry `HF_TOKEN` as a bearer
-/// token (marked sensitive: never logged, and dropped by the client on a redirect to another
-/// host, such as the Hub's CDN).
-fn build_http(origin: &str, hub: bool, policy: &Policy) -> NativeResult<Arc<dyn ObjectStore>> {
+/// A read-only HTTP store at `origin`; for the Hub, requests carry the config's token (else
+/// `HF_TOKEN`) as a bearer token (marked sensitive: never logged, and dropped by the client on
+/// a redirect to another host, such as the Hub's CDN). A plain `http://` origin only with
+/// `allow_http`.
+fn build_http(
+    config: &StorageConfig,
+    location: &Location,
+    origin: &str,
+    hub: bool,
+    policy: &Policy,
+) -> NativeResult<Arc<dyn ObjectStore>> {
+    let plain = origin.starts_with("http://");
+    if plain && !config.allow_http {
+        let uri = location.uri_of(&location.object_path());
+        let (what, instead) = match hub {
+            true => (
+                "HF_ENDPOINT is a plain http:// address",
+                "an https:// HF_ENDPOINT",
+            ),
+            false => ("plain http:// is not allowed", "an https:// URI"),
+        };
+        return Err(NativeError::Config(format!(
+            "{uri}: {what} (unencrypted, and anyone on the way can change the bytes); use \
+             {instead}, or pass allow_http=True to read from a server you trust over http"
+        )));
+    }
     let mut client_options = ClientOptions::new()
+        .with_allow_http(plain)
         .with_connect_timeout(policy.connect_timeout)
         .with_timeout(policy.request_timeout);
-    let token = std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty());
+    let (token, source) = match &config.hub_token {
+        Some(token) => (Some(token.clone()), "the Hub token"),
+        None => (
+            std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty()),
+            "HF_TOKEN",
+        ),
+    };
     if let (true, Some(token)) = (hub, token) {
         let mut value = http::HeaderValue::from_str(&format!("Bearer {token}"))
-            .map_err(|_| NativeError::Config("HF_TOKEN is not a valid header value".into()))?;
+            .map_err(|_| NativeError::Config(format!("{source} is not a valid header value")))?;
         value.set_sensitive(true);
         let mut headers = http::HeaderMap::new();
         headers.insert(http::header::AUTHORIZATION, value);
@@ -447,6 +493,7 @@ fn build_http(origin: &str, hub: bool, policy: &Policy) -> NativeResult<Arc<dyn 
     let store = HttpBuilder::new()
         .with_url(origin)
         .with_client_options(client_options)
+        .with_http_connector(RetryAfterConnector)
         .with_retry(no_retries(policy))
         .build()
         .map_err(|e| NativeError::Config(format!("{origin}: invalid HTTP configuration: {e}")))?;
@@ -501,6 +548,7 @@ fn build_s3(
         .with_credentials(credentials)
         .with_skip_signature(config.skip_signature)
         .with_client_options(client_options)
+        .with_http_connector(RetryAfterConnector)
         .with_retry(retry)
         .with_conditional_put(S3ConditionalPut::ETagMatch)
         .with_virtual_hosted_style_request(config.virtual_hosted_style_request);

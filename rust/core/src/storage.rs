@@ -17,7 +17,7 @@ use crate::policy;
 use crate::process_bound::ProcessBound;
 use crate::runtime::fork_guard;
 use crate::source::ByteSource;
-use crate::stream::{readahead_bound, StoreFactory, StreamReader, StreamRequest};
+use crate::stream::{readahead_bound, StoreFactory, StreamReader, StreamRequest, Version};
 
 /// Stores built in this process, by bucket. A forked child builds its own and leaks the
 /// parent's (their pools may hold locks taken by the parent's threads: see [`ProcessBound`]).
@@ -111,18 +111,39 @@ impl Storage {
         format: Option<&'static str>,
         readahead: Option<u64>,
     ) -> NativeResult<StreamReader> {
+        let version = Version {
+            etag,
+            modified: None,
+        };
+        self.stream_version(uri, size, version, start, end, format, readahead)
+    }
+
+    /// [`Storage::stream_range`] held to a `version` (an ETag, or a web server's Last-Modified)
+    /// that an earlier stream over the same object saw ([`StreamReader::pinned`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn stream_version(
+        &self,
+        uri: &str,
+        size: u64,
+        version: Version,
+        start: u64,
+        end: u64,
+        format: Option<&'static str>,
+        readahead: Option<u64>,
+    ) -> NativeResult<StreamReader> {
         let readahead = readahead_bound(readahead)?;
         let location = Location::parse(uri, false)?;
-        let etag = match &location {
+        let Version { etag, modified } = version;
+        let (etag, modified) = match &location {
             // A local file's etag (inode, mtime) changes with every copy or restore of the same
             // bytes, so it is not enforced (SPEC section 4); the size guards the read.
             Location::File { path } => {
                 refuse_special_file(std::path::Path::new(path), true)?;
-                None
+                (None, None)
             }
             // An https:// or hf:// read is held to the etag its caller saw (a manifest's are
             // not passed: a mirror's etags are its own), else to its first response's.
-            Location::S3 { .. } | Location::Gcs { .. } | Location::Http { .. } => etag,
+            Location::S3 { .. } | Location::Gcs { .. } | Location::Http { .. } => (etag, modified),
         };
         if start > size {
             return Err(NativeError::Config(format!(
@@ -140,6 +161,7 @@ impl Storage {
             path: location.object_path(),
             size,
             etag: etag.filter(|e| !e.is_empty()),
+            modified,
             require_etag: matches!(location, Location::Http { .. }),
             start,
             end,
@@ -201,6 +223,7 @@ impl Storage {
             size,
             // A local file's etag is not enforced (SPEC section 4).
             etag: None,
+            modified: None,
             require_etag: false,
             start,
             end,

@@ -17,7 +17,7 @@ use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arrow_array::RecordBatch;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
@@ -44,7 +44,7 @@ use crate::error::{io_error, not_a_regular_file, NativeError, NativeResult};
 use crate::object_stores::Location;
 use crate::source::ByteSource;
 use crate::storage::Storage;
-use crate::stream::StreamReader;
+use crate::stream::{StreamReader, Version};
 
 const FORMAT: &str = "parquet";
 /// The object's last bytes fetched first: the footer and page index of a shard of a few row
@@ -567,7 +567,10 @@ pub struct ObjectRanges {
     memory: Option<Bytes>,
     uri: String,
     size: u64,
-    etag: Option<String>,
+    /// The version every read of the object is held to: the caller's etag, else the first
+    /// response's etag or (a web server without ETags) Last-Modified, so that a footer and
+    /// the pages it points to come from one version.
+    version: Mutex<Version>,
     counters: Option<Arc<Counters>>,
     fetched: Arc<Fetched>,
     /// The object's last bytes, fetched for the footer and kept: the pages they cover (all of
@@ -588,7 +591,10 @@ impl ObjectRanges {
             memory: None,
             uri: request.uri.clone(),
             size: request.size,
-            etag: request.etag.clone(),
+            version: Mutex::new(Version {
+                etag: request.etag.clone(),
+                modified: None,
+            }),
             counters: counters::entered(),
             fetched: Arc::default(),
             tail: (request.size, Bytes::new()),
@@ -629,7 +635,7 @@ impl ObjectRanges {
             size: data.len() as u64,
             memory: Some(data),
             uri: request.uri.clone(),
-            etag: None,
+            version: Mutex::default(),
             counters: None,
             fetched: Arc::default(),
             tail: (request.size, Bytes::new()),
@@ -690,7 +696,7 @@ impl ObjectRanges {
                 })?;
             return Ok(Bytes::from(data));
         }
-        drain(self.open_stream(&range)?, &range)
+        self.drain(self.open_stream(&range)?, &range)
     }
 
     /// A resumable stream over `range` of the stored object, counted where the read began.
@@ -702,10 +708,15 @@ impl ObjectRanges {
         if let Some(counters) = &self.counters {
             counters::enter(counters.clone());
         }
-        let opened = storage.stream_range(
+        let version = self
+            .version
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let opened = storage.stream_version(
             &self.uri,
             self.size,
-            self.etag.clone(),
+            version,
             range.start,
             range.end,
             Some(FORMAT),
@@ -727,7 +738,7 @@ impl ObjectRanges {
             return self.fetch(range);
         }
         let served = range.end.min(span.end);
-        let head = drain(stream, &(range.start..served))?;
+        let head = self.drain(stream, &(range.start..served))?;
         if served == range.end {
             return Ok(head);
         }
@@ -792,19 +803,34 @@ impl ObjectRanges {
     }
 }
 
-/// The first `range.end - range.start` bytes of a stream that starts at `range.start` (the
-/// rest, if the stream goes further, is dropped with it).
-fn drain(mut stream: StreamReader, range: &Range<u64>) -> NativeResult<Bytes> {
-    let wanted = (range.end - range.start) as usize;
-    let mut data = Vec::with_capacity(wanted);
-    while data.len() < wanted {
-        let Some(chunk) = stream.next_chunk()? else {
-            break;
-        };
-        data.extend_from_slice(&chunk);
+impl ObjectRanges {
+    /// The first `range.end - range.start` bytes of a stream that starts at `range.start` (the
+    /// rest, if the stream goes further, is dropped with it). The version its responses gave
+    /// becomes the one later streams are held to; one that differs from it (a stream opened
+    /// before it was known) is a changed object.
+    fn drain(&self, mut stream: StreamReader, range: &Range<u64>) -> NativeResult<Bytes> {
+        let wanted = (range.end - range.start) as usize;
+        let mut data = Vec::with_capacity(wanted);
+        while data.len() < wanted {
+            let Some(chunk) = stream.next_chunk()? else {
+                break;
+            };
+            data.extend_from_slice(&chunk);
+        }
+        data.truncate(wanted);
+        if let Some(seen) = stream.pinned() {
+            let mut held = self.version.lock().unwrap_or_else(|p| p.into_inner());
+            if *held == Version::default() {
+                *held = seen;
+            } else if !held.holds(&seen) {
+                return Err(NativeError::Changed {
+                    uri: self.uri.clone(),
+                    version: held.describe().unwrap_or_default(),
+                });
+            }
+        }
+        Ok(Bytes::from(data))
     }
-    data.truncate(wanted);
-    Ok(Bytes::from(data))
 }
 
 fn as_parquet(error: NativeError) -> ParquetError {

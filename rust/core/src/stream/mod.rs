@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use chrono::{DateTime, Utc};
 
 use object_store::path::Path;
 use object_store::ObjectStore;
@@ -45,6 +46,8 @@ pub struct StreamRequest {
     /// The whole object's size: the store's answer and a local file's length must match it.
     pub size: u64,
     pub etag: Option<String>,
+    /// The Last-Modified date the read is held to (a web server without ETags), if known.
+    pub modified: Option<DateTime<Utc>>,
     /// The server must name the object's version (an ETag) so that a resumed read is held to
     /// the bytes it began with: an https:// or hf:// object, whose manifest etag is not
     /// enforced (a mirror's etags are its own).
@@ -82,11 +85,23 @@ pub fn invalid_readahead(value: impl std::fmt::Display) -> NativeError {
     ))
 }
 
+/// The version a read is held to: the object's ETag (If-Match), or, from a web server that
+/// gives none, its Last-Modified (If-Unmodified-Since, and every response's Last-Modified must
+/// equal it), so that a resumed read never joins bytes of two versions. A read of several
+/// streams (a Parquet file's footer, then its pages) passes the first one's on.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Version {
+    pub etag: Option<String>,
+    pub modified: Option<DateTime<Utc>>,
+}
+
 /// State shared between the task and the consumer.
 #[derive(Default)]
 struct Shared {
     warnings: Mutex<Vec<String>>,
     resumes: AtomicU32,
+    /// The version the stream's responses were held to, once one was seen.
+    pinned: Mutex<Option<Version>>,
 }
 
 /// One step of the consumer.
@@ -191,6 +206,15 @@ impl StreamReader {
     /// The most bytes this stream holds ahead of its consumer.
     pub fn readahead_bytes(&self) -> usize {
         self.bound
+    }
+
+    /// The version the stream's responses were held to (None before the first response).
+    pub fn pinned(&self) -> Option<Version> {
+        self.shared
+            .pinned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Transient failures that were retried so far.

@@ -7,14 +7,16 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
+use chrono::{DateTime, Utc};
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
-use object_store::{GetOptions, GetRange, GetResult, GetResultPayload, ObjectStore};
+use object_store::{GetOptions, GetRange, GetResult, GetResultPayload, ObjectMeta, ObjectStore};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 
 use super::{
-    extent, permits_for, Shared, StoreFactory, StreamRequest, COALESCE_BYTES, FIRST_FILE_READ,
+    extent, permits_for, Shared, StoreFactory, StreamRequest, Version, COALESCE_BYTES,
+    FIRST_FILE_READ,
 };
 use crate::caller::retry_message;
 use crate::classify::{
@@ -140,7 +142,10 @@ enum Attempt {
 impl Producer {
     pub(super) async fn run(self) {
         let mut offset = self.request.start;
-        let mut etag = self.request.etag.clone();
+        let mut pin = Version {
+            etag: self.request.etag.clone(),
+            modified: self.request.modified,
+        };
         let mut budget = Budget::new(self.request.policy);
         let mut store = None;
         // A read of the whole object from 0 asks for no range: a server that ignores Range
@@ -153,14 +158,14 @@ impl Producer {
             let result = match store.clone() {
                 Some(store) => {
                     let plain = whole_body && offset == 0;
-                    self.attempt(store, &mut offset, &mut etag, &mut budget, plain)
+                    self.attempt(store, &mut offset, &mut pin, &mut budget, plain)
                         .await
                 }
                 None => match (self.factory)() {
                     Ok(fresh) => {
                         store = Some(fresh.clone());
                         let plain = whole_body && offset == 0;
-                        self.attempt(fresh, &mut offset, &mut etag, &mut budget, plain)
+                        self.attempt(fresh, &mut offset, &mut pin, &mut budget, plain)
                             .await
                     }
                     Err(error) => Err(StoreFailure::Fatal(error).into()),
@@ -272,7 +277,7 @@ impl Producer {
         &self,
         store: Arc<dyn ObjectStore>,
         offset: &mut u64,
-        etag: &mut Option<String>,
+        pin: &mut Version,
         budget: &mut Budget,
         plain: bool,
     ) -> Result<Attempt, AttemptFailure> {
@@ -282,9 +287,11 @@ impl Producer {
         let prefix_only = plain && request.end < request.size;
         let options = GetOptions {
             range: (!plain).then_some(GetRange::Bounded(*offset..request.end)),
-            if_match: etag.clone(),
+            if_match: pin.etag.clone(),
+            if_unmodified_since: pin.modified,
             ..Default::default()
         };
+        let pinned = pin.describe();
         let deadline = Instant::now() + policy.stream_response_deadline;
         let opened = tokio::time::timeout_at(
             deadline.min(Instant::now() + policy.read_inactivity_timeout),
@@ -306,7 +313,13 @@ impl Producer {
                 let asked = format!(" for bytes={}-{}", *offset, request.end - 1);
                 return Err(StoreFailure::Fatal(whole_object_answer(&request.uri, &asked)).into());
             }
-            Err(e) => return Err(AttemptFailure::classified(&request.uri, e, etag.as_deref())),
+            Err(e) => {
+                return Err(AttemptFailure::classified(
+                    &request.uri,
+                    e,
+                    pinned.as_deref(),
+                ))
+            }
         };
         if response.meta.size != request.size {
             return Err(self
@@ -316,26 +329,8 @@ impl Producer {
                 ))
                 .into());
         }
-        match (etag.as_deref(), response.meta.e_tag.as_deref()) {
-            // If-Match was sent; a server that ignored it too must not pass another object.
-            (Some(expected), Some(got)) if !same_etag(expected, got) => {
-                return Err(StoreFailure::Fatal(NativeError::Changed {
-                    uri: request.uri.clone(),
-                    etag: expected.to_string(),
-                })
-                .into());
-            }
-            (None, None) if request.require_etag => {
-                return Err(StoreFailure::Fatal(NativeError::Config(format!(
-                    "{}: the server gave no ETag, so a resumed read could not be held to the \
-                     same bytes; serve the file with an ETag",
-                    request.uri
-                )))
-                .into());
-            }
-            (None, _) => etag.clone_from(&response.meta.e_tag),
-            _ => {}
-        }
+        pin.check(&request.uri, &response.meta, request.require_etag)?;
+        *self.shared.pinned.lock().unwrap_or_else(|p| p.into_inner()) = Some(pin.clone());
         // Neither a local file's piece nor a merged chunk grows past the readahead bound.
         let largest = COALESCE_BYTES.min(request.readahead);
         let mut body = body_stream(response, largest);
@@ -377,7 +372,7 @@ impl Producer {
                     return Err(AttemptFailure::classified(
                         &request.uri,
                         error,
-                        etag.as_deref(),
+                        pinned.as_deref(),
                     ));
                 }
                 Some(Ok(chunk)) => chunk,
@@ -435,6 +430,74 @@ impl Producer {
     }
 }
 
+impl Version {
+    /// Whether `seen` (the version another stream over the object was held to) is this one.
+    pub fn holds(&self, seen: &Version) -> bool {
+        match (&self.etag, &seen.etag) {
+            (Some(held), Some(seen)) => same_etag(held, seen),
+            (None, None) => self.modified == seen.modified,
+            _ => false,
+        }
+    }
+
+    /// What the read is held to, for a changed-object error (`None`: nothing yet).
+    pub fn describe(&self) -> Option<String> {
+        match (&self.etag, &self.modified) {
+            (Some(etag), _) => Some(format!("etag {etag:?}")),
+            (None, Some(modified)) => Some(format!("Last-Modified {}", http_date(modified))),
+            (None, None) => None,
+        }
+    }
+
+    /// Holds a response to the pin, or pins the first response's version. `require`: the
+    /// server must give one (an https:// object), else a clear refusal, never a retry.
+    fn check(&mut self, uri: &str, meta: &ObjectMeta, require: bool) -> Result<(), StoreFailure> {
+        let changed = |version: String| {
+            StoreFailure::Fatal(NativeError::Changed {
+                uri: uri.to_string(),
+                version,
+            })
+        };
+        // object_store reads a missing Last-Modified as the epoch.
+        let modified = (meta.last_modified.timestamp() != 0).then_some(meta.last_modified);
+        match (self.etag.as_deref(), meta.e_tag.as_deref()) {
+            // If-Match was sent; a server that ignored it too must not pass another object.
+            (Some(expected), Some(got)) if !same_etag(expected, got) => {
+                return Err(changed(format!("etag {expected:?}")));
+            }
+            (Some(_), _) => return Ok(()),
+            (None, Some(got)) if self.modified.is_none() => {
+                self.etag = Some(got.to_string());
+                return Ok(());
+            }
+            _ => {}
+        }
+        match (self.modified, modified) {
+            // If-Unmodified-Since was sent; a server that ignored it (or whose clock went
+            // back) must not pass another version either.
+            (Some(pinned), got) if got != Some(pinned) => {
+                Err(changed(format!("Last-Modified {}", http_date(&pinned))))
+            }
+            (Some(_), _) => Ok(()),
+            (None, Some(got)) if require => {
+                self.modified = Some(got);
+                Ok(())
+            }
+            (None, None) if require => Err(StoreFailure::Fatal(NativeError::Config(format!(
+                "{uri}: the server gave neither an ETag nor a Last-Modified, so a resumed \
+                 read could not be held to the same bytes; serve the file with an ETag or a \
+                 Last-Modified header"
+            )))),
+            (None, _) => Ok(()),
+        }
+    }
+}
+
+/// A date as HTTP writes it (RFC 7231's IMF-fixdate).
+pub(super) fn http_date(date: &DateTime<Utc>) -> String {
+    date.format("%a, %d %b %Y %H:%M:%S GMT").to_string()
+}
+
 /// Etags compared as S3 gives them, quoted or not, weak or strong.
 fn same_etag(a: &str, b: &str) -> bool {
     let bare = |e: &str| e.trim_start_matches("W/").trim_matches('"').to_string();
@@ -443,7 +506,82 @@ fn same_etag(a: &str, b: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::same_etag;
+    use chrono::TimeZone;
+
+    use super::*;
+
+    fn meta(etag: Option<&str>, modified_s: i64) -> ObjectMeta {
+        ObjectMeta {
+            location: object_store::path::Path::from("x"),
+            last_modified: Utc.timestamp_opt(modified_s, 0).unwrap(),
+            size: 1,
+            e_tag: etag.map(String::from),
+            version: None,
+        }
+    }
+
+    fn unpinned() -> Version {
+        Version {
+            etag: None,
+            modified: None,
+        }
+    }
+
+    fn changed(result: Result<(), StoreFailure>) -> Option<String> {
+        match result {
+            Err(StoreFailure::Fatal(NativeError::Changed { version, .. })) => Some(version),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn without_an_etag_a_read_is_pinned_to_its_first_last_modified() {
+        let mut pin = unpinned();
+        assert!(pin.check("u", &meta(None, 1_800_000_000), true).is_ok());
+        assert_eq!(pin.modified.map(|m| m.timestamp()), Some(1_800_000_000));
+        assert!(pin.describe().unwrap().starts_with("Last-Modified "));
+        assert!(pin.check("u", &meta(None, 1_800_000_000), true).is_ok());
+        let earlier = changed(pin.check("u", &meta(None, 1_799_999_999), true));
+        assert!(earlier.unwrap().ends_with(" GMT"));
+        // A date pinned first is kept even if an ETag shows up later.
+        assert!(changed(pin.check("u", &meta(Some("\"a\""), 5), true)).is_some());
+    }
+
+    #[test]
+    fn a_version_holds_only_the_same_etag_or_date() {
+        let date = |s: i64| Some(Utc.timestamp_opt(s, 0).unwrap());
+        let tagged = |e: &str, m| Version {
+            etag: Some(e.to_string()),
+            modified: m,
+        };
+        let dated = |m| Version {
+            etag: None,
+            modified: m,
+        };
+        assert!(tagged("\"a\"", None).holds(&tagged("a", date(9))));
+        assert!(!tagged("\"a\"", None).holds(&tagged("\"b\"", None)));
+        assert!(!tagged("\"a\"", None).holds(&dated(date(9))));
+        assert!(dated(date(9)).holds(&dated(date(9))));
+        assert!(!dated(date(9)).holds(&dated(date(8))));
+        assert!(!dated(date(9)).holds(&tagged("a", date(9))));
+    }
+
+    #[test]
+    fn an_etag_wins_and_neither_is_refused_where_required() {
+        let mut pin = unpinned();
+        assert!(pin.check("u", &meta(Some("\"a\""), 5), true).is_ok());
+        assert_eq!(pin.describe().as_deref(), Some("etag \"\\\"a\\\"\""));
+        assert!(pin.check("u", &meta(Some("a"), 6), true).is_ok());
+        assert!(changed(pin.check("u", &meta(Some("\"b\""), 5), true)).is_some());
+        let mut bare = unpinned();
+        let refused = bare.check("u", &meta(None, 0), true);
+        assert!(
+            matches!(refused, Err(StoreFailure::Fatal(NativeError::Config(m))) if m.contains("neither"))
+        );
+        assert!(bare.check("u", &meta(None, 0), false).is_ok());
+        assert!(bare.check("u", &meta(None, 7), false).is_ok());
+        assert!(bare.modified.is_none()); // an s3:// or file:// read is not pinned by date
+    }
 
     #[test]
     fn etags_match_quoted_or_weak_but_not_another() {
