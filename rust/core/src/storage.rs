@@ -265,6 +265,7 @@ impl Storage {
             path: location.object_path(),
             size,
             etag: None,
+            modified: None,
             require_etag: false,
             start,
             end,
