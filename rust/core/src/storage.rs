@@ -215,6 +215,19 @@ impl Storage {
                 Some(readahead as u64),
             )?));
         };
+        let request = (uri, size, start, end, Some(format), readahead);
+        Ok(Box::new(self.local_source(&location, path, request)?))
+    }
+
+    /// The bytes `[start, end)` of a local file of `size` bytes, its first piece read by the
+    /// thread that asks for it; `request` is (uri, size, start, end, format, readahead).
+    fn local_source(
+        &self,
+        location: &Location,
+        path: &str,
+        request: (&str, u64, u64, u64, Option<&'static str>, usize),
+    ) -> NativeResult<LocalShardSource> {
+        let (uri, size, start, end, format, readahead) = request;
         let path = std::path::PathBuf::from(path);
         refuse_special_file(&path, true)?;
         let request = StreamRequest {
@@ -227,12 +240,15 @@ impl Storage {
             require_etag: false,
             start,
             end,
-            format: Some(format),
+            format,
             policy: policy::current(),
             readahead,
         };
-        let factory = self.factory(&location)?;
-        Ok(Box::new(LocalShardSource::new(path, request, factory)))
+        Ok(LocalShardSource::new(
+            path,
+            request,
+            self.factory(location)?,
+        ))
     }
 
     /// Bytes `[start, end)` (`start < end`) of an immutable object that must still have
@@ -258,22 +274,8 @@ impl Storage {
             }
             return Ok(bytes);
         };
-        let path = std::path::PathBuf::from(path);
-        refuse_special_file(&path, true)?;
-        let request = StreamRequest {
-            uri: uri.to_string(),
-            path: location.object_path(),
-            size,
-            etag: None,
-            modified: None,
-            require_etag: false,
-            start,
-            end,
-            format: None,
-            policy: policy::current(),
-            readahead: readahead_bound(None)?,
-        };
-        let mut source = LocalShardSource::new(path, request, self.factory(&location)?);
+        let request = (uri, size, start, end, None, readahead_bound(None)?);
+        let mut source = self.local_source(&location, path, request)?;
         caller.blocking(|| -> NativeResult<()> {
             while let Some(chunk) = source.next_chunk()? {
                 bytes.extend_from_slice(&chunk);
