@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -237,3 +238,32 @@ def _serve(server: HttpsServer, context: ssl.SSLContext | None) -> Iterator[Http
     finally:
         http.shutdown()
         http.server_close()
+
+
+def serve_dataset(
+    server: HttpsServer,
+    tmp: Path,
+    records: list[dict[str, Any]],
+    data_format: str,
+    base: str,
+) -> str:
+    """``records`` written by the saver to a local folder as 3 shards, served under ``base`` (a
+    path on the server) with the manifest's shard URIs pointing there: the served manifest's
+    URI."""
+    from syvain_training_data import SyvainTrainingData
+
+    root = tmp / data_format
+    saver = SyvainTrainingData().dataset_saver(
+        f"file://{root}/data-manifest.json",
+        data_format=data_format,  # type: ignore[arg-type]
+    )
+    for shard in range(3):
+        saver.save("train", None, records[shard::3], shard_id=f"s{shard}")
+    saver.commit_manifest()
+    for path in root.rglob("*"):
+        if path.is_file() and path.name != "data-manifest.json":
+            server.paths[f"{base}/{path.relative_to(root)}"] = path.read_bytes()
+    manifest = (root / "data-manifest.json").read_text()
+    manifest = manifest.replace(f"file://{root}", f"{server.origin}{base}")
+    server.paths[f"{base}/data-manifest.json"] = manifest.encode()
+    return f"{server.origin}{base}/data-manifest.json"

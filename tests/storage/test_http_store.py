@@ -16,7 +16,7 @@ import pytest
 
 import fault_proxy as proxy_faults
 from fault_proxy import FaultProxy
-from https_server import DEFAULT_MODIFIED, HttpsServer, serve_http
+from https_server import DEFAULT_MODIFIED, HttpsServer, serve_dataset, serve_http
 from resumed_reads import as_list, interrupted_and_resumed
 from syvain_training_data import ObjectChangedError, SyvainTrainingData
 from syvain_training_data.cli import main
@@ -62,21 +62,7 @@ def versions(server) -> Iterator[HttpsServer]:
 
 def publish(server: HttpsServer, tmp: Path, base: str) -> str:
     """A msgpack.zstf dataset the saver wrote locally, served under ``base``: its manifest URI."""
-    root = tmp / "dataset"
-    saver = SyvainTrainingData().dataset_saver(
-        f"file://{root}/data-manifest.json", data_format="msgpack.zstf"
-    )
-    for shard in range(3):
-        saver.save("train", None, RECORDS[shard::3], shard_id=f"s{shard}")
-    saver.commit_manifest()
-    for path in root.rglob("*"):
-        if path.is_file() and path.name != "data-manifest.json":
-            server.paths[f"{base}/{path.relative_to(root)}"] = path.read_bytes()
-    manifest = (root / "data-manifest.json").read_text()
-    server.paths[f"{base}/data-manifest.json"] = manifest.replace(
-        f"file://{root}", f"{server.origin}{base}"
-    ).encode()
-    return f"{server.origin}{base}/data-manifest.json"
+    return serve_dataset(server, tmp, RECORDS, "msgpack.zstf", base)
 
 
 def test_plain_http_is_refused_at_the_call_without_the_opt_in(server):

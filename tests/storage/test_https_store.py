@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from https_server import HttpsServer, serve_https
+from https_server import HttpsServer, serve_dataset, serve_https
 from resumed_reads import interrupted_and_resumed
 from syvain_training_data import SyvainTrainingData, iter_shard
 from syvain_training_data.errors import ObjectChangedError
@@ -43,21 +43,7 @@ def server(tmp_path_factory) -> Iterator[HttpsServer]:
 
 
 def publish(server: HttpsServer, tmp: Path, data_format: str, base: str) -> str:
-    """A dataset written by the saver to a local folder, served under ``base`` (a path on the
-    server) with its manifest's shard URIs pointing there: the URI of the served manifest."""
-    client = SyvainTrainingData()
-    root = tmp / data_format
-    saver = client.dataset_saver(f"file://{root}/data-manifest.json", data_format=data_format)  # type: ignore[arg-type]
-    for shard in range(3):
-        saver.save("train", None, RECORDS[shard::3], shard_id=f"s{shard}")
-    saver.commit_manifest()
-    for path in root.rglob("*"):
-        if path.is_file() and path.name != "data-manifest.json":
-            server.paths[f"{base}/{path.relative_to(root)}"] = path.read_bytes()
-    manifest = (root / "data-manifest.json").read_text()
-    manifest = manifest.replace(f"file://{root}", f"{server.origin}{base}")
-    server.paths[f"{base}/data-manifest.json"] = manifest.encode()
-    return f"{server.origin}{base}/data-manifest.json"
+    return serve_dataset(server, tmp, RECORDS, data_format, base)
 
 
 def as_list(batch: list[Any]) -> list[Any]:
