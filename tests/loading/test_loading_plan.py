@@ -380,7 +380,12 @@ def test_a_seeded_consumer_plans_its_windows_as_it_reads():
         order = read_plan.orders(0)[0]
         with line_budget(300_000):  # ~180,000 lines for any part size; 7.6M before
             records = consumer_records(
-                [order], [list(range(len(counts)))], None, [(0, order.total)], open_range
+                [order],
+                [list(range(len(counts)))],
+                None,
+                [(0, order.total)],
+                open_range,
+                prefetch=True,
             )
             first = [next(records) for _ in range(8192 + 1)]
         assert len(set(first)) == len(first)

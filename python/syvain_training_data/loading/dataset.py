@@ -268,7 +268,7 @@ class ShardDataset(IterableDataset[Any]):
         stores whose requests wait on the network. A local range read costs less than the
         hand-off of its first record from another thread (a seeded window of 64 blocks of small
         shards spent most of its start-up on those)."""
-        return not self.table.shard(0).uri.startswith(FILE_PREFIX) if len(self.table) else False
+        return not all(uri.startswith(FILE_PREFIX) for uri in self.table.uris)
 
     def range_segment(
         self, shard: ManifestShard, start: int, stop: int, indexes: ShardIndexes | None

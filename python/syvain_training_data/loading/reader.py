@@ -124,7 +124,8 @@ def consumer_records(
     mixed: MixedOrder | ScheduledOrder | None,
     intervals: Sequence[tuple[int, int]],
     open_range: OpenRange,
-    prefetch: bool = True,
+    *,
+    prefetch: bool,
 ) -> Iterator[Any]:
     """The records of epoch ``intervals`` (mixed positions when ``mixed``), in epoch order.
 
